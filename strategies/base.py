@@ -1,0 +1,77 @@
+"""The contract every strategy implements, and what one global step reports."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+
+@dataclass
+class StepTiming:
+    """One global step. comm = moving/combining gradients or weights; wait = idle for the slowest worker."""
+    compute_s: dict[str, float]  # per worker name: forward + backward (+ local optimizer step)
+    comm_s: float
+    wait_s: float
+    total_s: float               # wall time of the whole step, as the driver sees it
+
+    @property
+    def sync_overhead_s(self) -> float:
+        """What distribution costs this step: step time minus the slowest worker's compute."""
+        return max(0.0, self.total_s - max(self.compute_s.values()))
+
+
+class Strategy(ABC):
+    """How gradients move. A strategy never branches on device type (see devices.py)."""
+
+    name: ClassVar[str]
+    distributed: ClassVar[bool] = True
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg = cfg
+
+    @abstractmethod
+    def start(self) -> None:
+        """Bring up processes, actors, groups and data; the runner times this as startup."""
+
+    @abstractmethod
+    def reset(self, seed: int) -> None:
+        """Fresh model (same init on every worker) and optimizer for one repeat."""
+
+    @abstractmethod
+    def step(self, step: int) -> StepTiming:
+        """One synchronous global step over every worker's slice of global batch `step`."""
+
+    @abstractmethod
+    def weights(self) -> torch.Tensor:
+        """The current model as one flat float32 CPU tensor, for evaluation."""
+
+    @abstractmethod
+    def worker_info(self) -> list[dict]:
+        """Per worker: name, device (as resolved where it runs), node, batch."""
+
+    def close(self) -> None:
+        """Stop everything start() started; called on every exit path."""
+
+
+def step_indices(n: int, global_batch: int, seed: int, step: int) -> np.ndarray:
+    """Sample indices of global batch `step`: epochs of seeded permutations, read in order.
+
+    Every process computes the same indices from (seed, step) alone, so no indices travel.
+    """
+    start, end = step * global_batch, (step + 1) * global_batch
+    first_epoch, last_epoch = start // n, (end - 1) // n
+    parts = []
+    for epoch in range(first_epoch, last_epoch + 1):
+        order = np.random.default_rng([seed, epoch]).permutation(n)
+        lo, hi = max(start - epoch * n, 0), min(end - epoch * n, n)
+        parts.append(order[lo:hi])
+    return np.concatenate(parts)
+
+
+def worker_slice(indices: np.ndarray, batches: list[int], rank: int) -> np.ndarray:
+    """Worker `rank`'s part of a global batch: contiguous, in worker order."""
+    offset = sum(batches[:rank])
+    return indices[offset:offset + batches[rank]]

@@ -1,0 +1,104 @@
+"""`hetbench`: run, report, devices, strategies. Bad input: one line on stderr, exit 2 (-v: traceback)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import traceback
+
+from .errors import UserError
+
+EXIT_BAD_INPUT = 2
+
+
+def cmd_run(args) -> int:
+    from .config import load_config
+    from .runner import run
+
+    cfg = load_config(args.config, args.set or [])
+    if args.results_dir:
+        cfg["results_dir"] = args.results_dir
+    out = run(cfg)
+    print(f"\nrecords: {out.path}\ntables:  {cfg['results_dir']}/{cfg['name']}.md, .csv", file=sys.stderr)
+    return 0
+
+
+def cmd_report(args) -> int:
+    from pathlib import Path
+
+    from .records import read_records
+    from .report import markdown, write_tables
+
+    files = args.files or sorted(str(p) for p in Path(args.results_dir, "raw").glob("*.json"))[-1:]
+    if not files:
+        raise UserError(f"no record files given and none under {args.results_dir}/raw")
+    records = read_records(files)
+    print(markdown(records))
+    if args.name:
+        md, csv = write_tables(records, args.results_dir, args.name)
+        print(f"\ntables: {md}, {csv}", file=sys.stderr)
+    return 0
+
+
+def cmd_devices(args) -> int:
+    from .devices import available_devices, describe, resolve_device
+
+    print(f"auto -> {resolve_device('auto')}")
+    for name in available_devices():
+        print(f"  {describe(resolve_device(name))}")
+    return 0
+
+
+def cmd_strategies(args) -> int:
+    from .registry import availability
+
+    for name, reason in availability().items():
+        print(f"{name:16} {'available' if reason is None else 'unavailable: ' + reason}")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    fmt = argparse.ArgumentDefaultsHelpFormatter
+    top = argparse.ArgumentParser(prog="hetbench", formatter_class=fmt,
+                                  description="Benchmark data-parallel training strategies across unequal machines.")
+    top.add_argument("-v", "--verbose", action="store_true", help="verbose logs and full tracebacks")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", formatter_class=fmt, help="run the strategies of a config; write records and tables")
+    run.add_argument("-c", "--config", required=True, help="YAML config, e.g. benchmarks/configs/quick.yaml")
+    run.add_argument("--set", action="append", metavar="KEY=VALUE",
+                     help="override a config key (dotted, e.g. workers.0.batch=32); repeatable")
+    run.add_argument("--results-dir", default=None, help="override the config's results_dir")
+    run.set_defaults(func=cmd_run)
+
+    report = sub.add_parser("report", formatter_class=fmt, help="comparison tables from record files")
+    report.add_argument("files", nargs="*", help="record JSON files (default: the newest under RESULTS_DIR/raw)")
+    report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")
+    report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
+    report.set_defaults(func=cmd_report)
+
+    devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")
+    devices.set_defaults(func=cmd_devices)
+    strategies = sub.add_parser("strategies", formatter_class=fmt, help="registered strategies and availability")
+    strategies.set_defaults(func=cmd_strategies)
+    return top
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except UserError as e:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"hetbench: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("hetbench: interrupted; records written so far are kept", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""The clock: every timing in hetbench reads it, after synchronizing the device."""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager
+
+import torch
+
+from .devices import synchronize
+
+
+def now(device: torch.device | None = None) -> float:
+    """Monotonic seconds, read only after the device has finished its queued work."""
+    if device is not None:
+        synchronize(device)
+    return time.perf_counter()
+
+
+class Stopwatch:
+    """`with watch(device): ...` adds the synchronized duration to `watch.elapsed` and `watch.last`."""
+
+    def __init__(self) -> None:
+        self.elapsed = 0.0
+        self.last = 0.0
+
+    @contextmanager
+    def __call__(self, device: torch.device | None = None):
+        start = now(device)
+        try:
+            yield self
+        finally:
+            self.last = now(device) - start
+            self.elapsed += self.last
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def cv(values: list[float]) -> float | None:
+    """Coefficient of variation (stdev / mean); 0 for a single value."""
+    if not values:
+        return None
+    mean = statistics.fmean(values)
+    if len(values) < 2 or mean == 0:
+        return 0.0
+    return statistics.stdev(values) / mean

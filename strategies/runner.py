@@ -1,0 +1,142 @@
+"""One `hetbench run`: every strategy in the config, the gloo floor, records and tables."""
+from __future__ import annotations
+
+import logging
+import sys
+
+import torch
+from tqdm import tqdm
+
+from . import registry
+from .base import StepTiming, Strategy
+from .clock import cv, median, now
+from .data import Split, cached_mnist
+from .errors import UserError
+from .floor import FLOOR_NAME, measure_floor
+from .gradients import FlatModel, count_parameters
+from .records import RecordFile, environment, redacted
+from .report import markdown, write_tables
+from .workload import Net, accuracy
+
+log = logging.getLogger(__name__)
+
+
+class Evaluator:
+    """Test accuracy of flat weights on the driver's CPU; its time never counts as training."""
+
+    def __init__(self, test: Split, cfg: dict) -> None:
+        self.images, self.labels = test.tensors("cpu")
+        self.flat = FlatModel(Net(cfg["dropout"]))
+        self.quick = min(cfg["eval_samples"], len(self.labels))
+
+    def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
+        self.flat.load_params(weights)
+        n = len(self.labels) if full else self.quick
+        return accuracy(self.flat.model, self.images[:n], self.labels[:n])
+
+
+def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar) -> dict:
+    """Warm-up and timed steps from a fresh model; accuracy checked every eval_every steps off the clock."""
+    strategy.reset(seed)
+    clock, timed, curve, time_to_target = 0.0, [], [], None
+    total = cfg["warmup_steps"] + cfg["steps"]
+    for step in range(total):
+        timing = strategy.step(step)
+        clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
+        if step >= cfg["warmup_steps"]:
+            timed.append(timing)
+        if (step + 1) % cfg["eval_every"] == 0 or step + 1 == total:
+            acc = evaluate(strategy.weights())
+            curve.append({"step": step + 1, "train_s": clock, "accuracy": acc})
+            if time_to_target is None and acc >= cfg["target_accuracy"]:
+                time_to_target = clock
+        bar.update(1)
+    timed_s = sum(t.total_s for t in timed)
+    return {"samples_per_s": cfg["batch_size"] * len(timed) / timed_s, "timed": timed, "curve": curve,
+            "time_to_target_s": time_to_target, "final_accuracy": evaluate(strategy.weights(), full=True)}
+
+
+def step_summary(timed: list[StepTiming]) -> dict:
+    return {
+        "compute_s": median([max(t.compute_s.values()) for t in timed]),
+        "comm_s": median([t.comm_s for t in timed]),
+        "wait_s": median([t.wait_s for t in timed]),
+        "total_s": median([t.total_s for t in timed]),
+        "sync_overhead_s": median([t.sync_overhead_s for t in timed]),
+    }
+
+
+def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict) -> dict:
+    base = {"strategy": name, "config": redacted(cfg), "env": env}
+    try:
+        cls = registry.load(name)
+    except ImportError as e:
+        return {**base, "status": "skipped", "reason": str(e), "workers": []}
+    strategy = cls(cfg)
+    try:
+        started = now()
+        strategy.start()
+        startup_s = now() - started
+        total = cfg["repeats"] * (cfg["warmup_steps"] + cfg["steps"])
+        with tqdm(total=total, desc=name, unit="step", file=sys.stderr, disable=None, leave=False) as bar:
+            repeats = [train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar) for r in range(cfg["repeats"])]
+        workers = strategy.worker_info()
+    finally:
+        strategy.close()
+    timed = [t for r in repeats for t in r["timed"]]
+    for w in workers:
+        compute = median([t.compute_s[w["name"]] for t in timed])
+        w["compute_s"] = compute
+        w["samples_per_s"] = w["batch"] / median([t.total_s for t in timed])  # what it delivers in the run
+        w["compute_samples_per_s"] = w["batch"] / compute                       # what it could alone
+    reached = [r["time_to_target_s"] for r in repeats if r["time_to_target_s"] is not None]
+    return {
+        **base,
+        "status": "ok",
+        "workers": workers,
+        "samples_per_s": median([r["samples_per_s"] for r in repeats]),
+        "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
+        "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],
+        "final_accuracy": median([r["final_accuracy"] for r in repeats]),
+        "time_to_target_s": median(reached) if len(reached) == len(repeats) else None,
+        "target_accuracy": cfg["target_accuracy"],
+        "startup_s": startup_s,
+        "step": step_summary(timed),
+        "accuracy_curve": repeats[0]["curve"],
+    }
+
+
+def run_floor(cfg: dict, env: dict) -> dict:
+    base = {"strategy": FLOOR_NAME, "config": redacted(cfg), "env": env, "workers": []}
+    numel = count_parameters(Net())
+    try:
+        figures = measure_floor(numel, cfg["floor"]["iterations"], cfg["floor"]["timeout_s"])
+    except RuntimeError as e:
+        return {**base, "status": "failed", "reason": str(e)}
+    return {**base, "status": "ok", **figures}
+
+
+def run(cfg: dict) -> RecordFile:
+    """Run every configured strategy, then the floor; a failing strategy keeps the records before it."""
+    registry.check_names(cfg["strategies"])
+    env = environment()
+    out = RecordFile(cfg["results_dir"], cfg["name"])
+    _, test = cached_mnist(cfg)
+    evaluate = Evaluator(test, cfg)
+    try:
+        for name in cfg["strategies"]:
+            log.info("running %s", name)
+            record = run_strategy(name, cfg, evaluate, env)
+            out.add(record)
+            if record["status"] == "skipped":
+                print(f"skipped {name}: {record['reason']}", file=sys.stderr)
+        if cfg["floor"]["enabled"]:
+            out.add(run_floor(cfg, env))
+    finally:
+        if out.records:
+            write_tables(out.records, cfg["results_dir"], cfg["name"])
+    print(markdown(out.records))
+    return out
+
+
+__all__ = ["run", "UserError"]
