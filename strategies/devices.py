@@ -1,6 +1,8 @@
 """Where math runs. Strategies never branch on device type; they call these."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import UserError
@@ -56,7 +58,6 @@ def describe(device: torch.device) -> str:
     return str(device)
 
 
-def configure_threads(threads: int) -> None:
-    """Pin torch's intra-op threads for this process (0 keeps torch's default)."""
-    if threads > 0:
-        torch.set_num_threads(threads)
+def configure_threads(threads: int, processes_sharing_host: int = 1) -> None:
+    """Set torch's intra-op threads: `threads`, or for 0 this host's cores split among its training processes."""
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // processes_sharing_host))

@@ -28,10 +28,11 @@ class Evaluator:
         self.images, self.labels = test.tensors("cpu")
         self.flat = FlatModel(Net(cfg["dropout"]))
         self.quick = min(cfg["eval_samples"], len(self.labels))
+        self.final = min(cfg["test_samples"] or len(self.labels), len(self.labels))
 
     def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
         self.flat.load_params(weights)
-        n = len(self.labels) if full else self.quick
+        n = self.final if full else self.quick
         return accuracy(self.flat.model, self.images[:n], self.labels[:n])
 
 

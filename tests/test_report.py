@@ -1,0 +1,62 @@
+import csv
+import io
+import json
+
+from strategies.records import RecordFile, read_records, redacted
+from strategies.report import markdown, rows, to_csv, write_tables
+
+
+def record(strategy, samples_per_s=None, **extra):
+    return {"strategy": strategy, "status": "ok", "samples_per_s": samples_per_s,
+            "workers": [{"name": "w0", "device": "cpu", "batch": 32}], **extra}
+
+
+KNOWN = [
+    record("ray-ps", 500.0, samples_per_s_cv=0.1, step={"compute_s": 0.05, "comm_s": 0.008, "wait_s": 0.002,
+                                                       "sync_overhead_s": 0.010}, final_accuracy=0.9),
+    {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.005, "allreduce_cv": 0.2, "workers": []},
+    record("single", 1000.0, samples_per_s_cv=0.02, step={"compute_s": 0.06, "comm_s": 0.0, "wait_s": 0.0,
+                                                         "sync_overhead_s": 0.0}, final_accuracy=0.95),
+    {"strategy": "dask-sync", "status": "skipped", "reason": "not installed", "workers": []},
+]
+
+
+def test_baseline_first_then_floor_with_relative_columns():
+    table = rows(KNOWN)
+    assert [r[0] for r in table] == ["single", "gloo-floor", "ray-ps", "dask-sync"]
+    single, floor, ps, skipped = table
+    assert single[4] == 1.0 and ps[4] == 0.5           # vs baseline
+    assert floor[8] == 5.0 and floor[9] == 1.0          # the floor is 1x itself
+    assert abs(ps[8] - 10.0) < 1e-9 and abs(ps[9] - 2.0) < 1e-9  # 10 ms overhead = 2x a 5 ms floor
+    assert skipped[-1] == "skipped: not installed"
+
+
+def test_markdown_and_csv_render_the_same_rows():
+    md = markdown(KNOWN)
+    assert md.splitlines()[2].startswith("| single") and "0.50x" in md and "2.00x" in md
+    parsed = list(csv.DictReader(io.StringIO(to_csv(KNOWN))))
+    assert [r["strategy"] for r in parsed] == ["single", "gloo-floor", "ray-ps", "dask-sync"]
+    assert float(parsed[2]["vs baseline"]) == 0.5
+
+
+def test_record_file_is_new_each_run_and_never_overwrites(tmp_path):
+    a, b = RecordFile(str(tmp_path), "x"), RecordFile(str(tmp_path), "x")
+    assert a.path != b.path
+    a.add(KNOWN[0])
+    a.add(KNOWN[2])
+    assert [r["strategy"] for r in json.loads(a.path.read_text())] == ["ray-ps", "single"]
+    assert b.path.read_text() == ""  # reserved, untouched by the other run
+    assert not [p for p in (tmp_path / "raw").iterdir() if p.name.startswith(".")]
+    assert [r["strategy"] for r in read_records([str(a.path)])] == ["ray-ps", "single"]
+
+
+def test_tables_written_next_to_records(tmp_path):
+    md, csv_path = write_tables(KNOWN, str(tmp_path), "known")
+    assert "| single" in md.read_text() and csv_path.read_text().startswith("strategy,")
+
+
+def test_recorded_config_redacts_tokens():
+    cfg = {"cluster": {"ray_token": "s3cret", "ray_address": "h:6379"}, "workers": [{"auth_token": "x"}]}
+    out = redacted(cfg)
+    assert out["cluster"] == {"ray_token": "<redacted>", "ray_address": "h:6379"}
+    assert out["workers"][0]["auth_token"] == "<redacted>" and cfg["cluster"]["ray_token"] == "s3cret"

@@ -1,0 +1,53 @@
+"""Whole runs: the baseline learns real MNIST, records and tables land, the floor is measured."""
+import json
+
+from strategies import registry
+from strategies.runner import run
+from tests.conftest import small_config
+from tests.test_cli import hetbench
+
+
+def test_baseline_learns_and_writes_records_and_tables(tmp_path, capsys):
+    cfg = small_config(tmp_path, "name=learn", "strategies=[single]", "workers=[{batch: 32}]", "steps=250",
+                       "warmup_steps=5", "repeats=1", "eval_every=50",
+                       "target_accuracy=0.6", "floor.iterations=5")
+    out = run(cfg)
+    single, floor = json.loads(out.path.read_text())
+    assert single["strategy"] == "single" and single["status"] == "ok"
+    assert single["final_accuracy"] > 0.8  # chance is 0.1
+    assert single["time_to_target_s"] is not None and single["time_to_target_s"] > 0
+    assert single["samples_per_s"] > 0 and single["samples_per_s_cv"] == 0.0
+    assert single["step"]["comm_s"] == 0.0 and single["step"]["compute_s"] > 0
+    assert single["startup_s"] >= 0 and single["workers"][0]["device"] == "cpu"
+    assert single["config"]["steps"] == 250 and single["env"]["versions"]["torch"]
+    assert [p["step"] for p in single["accuracy_curve"]] == [50, 100, 150, 200, 250, 255]
+    assert floor["strategy"] == "gloo-floor" and floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
+    md = (tmp_path / "results" / "learn.md").read_text()
+    assert "| single" in md and "| gloo-floor" in md
+    assert (tmp_path / "results" / "learn.csv").read_text().startswith("strategy,")
+    assert "| single" in capsys.readouterr().out
+
+
+def test_repeats_give_median_and_spread(tmp_path):
+    cfg = small_config(tmp_path, "strategies=[single]", "steps=3", "warmup_steps=1", "repeats=3",
+                       "floor.enabled=false", "eval_every=100")
+    (record,) = json.loads(run(cfg).path.read_text())
+    assert len(record["repeat_samples_per_s"]) == 3 and record["samples_per_s_cv"] >= 0
+
+
+def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(registry.STRATEGIES, "ray-ps", "strategies.not_written_yet:Nothing")
+    cfg = small_config(tmp_path, "strategies=[ray-ps, single]", "steps=2", "repeats=1", "floor.enabled=false")
+    records = json.loads(run(cfg).path.read_text())
+    assert [r["status"] for r in records] == ["skipped", "ok"]
+    assert "not implemented yet" in records[0]["reason"]
+    assert "skipped ray-ps" in capsys.readouterr().err
+
+
+def test_cli_run_prints_the_table_and_says_where_records_are(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "strategies=[single]",
+                      "--set", "steps=5", "--set", "repeats=1", "--set", "floor.iterations=3",
+                      "--set", "download=false", "--results-dir", str(tmp_path / "r"), timeout=200)
+    assert result.returncode == 0, result.stderr
+    assert "| single" in result.stdout and "| gloo-floor" in result.stdout
+    assert "records:" in result.stderr and list((tmp_path / "r" / "raw").glob("*-quick-*.json"))
