@@ -52,6 +52,10 @@ class Strategy(ABC):
     def worker_info(self) -> list[dict]:
         """Per worker: name, device (as resolved where it runs), node, batch."""
 
+    def record_extras(self) -> dict:
+        """Strategy-specific figures for the record (e.g. async staleness), gathered over all repeats."""
+        return {}
+
     def close(self) -> None:
         """Stop everything start() started; called on every exit path."""
 

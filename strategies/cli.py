@@ -6,7 +6,7 @@ import logging
 import sys
 import traceback
 
-from .errors import UserError
+from .errors import RunFailed, UserError
 
 EXIT_BAD_INPUT = 2
 
@@ -95,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"hetbench: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except RunFailed as e:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"hetbench: run failed: {e} (records so far are kept)", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("hetbench: interrupted; records written so far are kept", file=sys.stderr)
         return 130

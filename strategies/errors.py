@@ -3,3 +3,7 @@
 
 class UserError(Exception):
     """Bad input from the user (config, data, device, address): say it in one sentence."""
+
+
+class RunFailed(Exception):
+    """A run could not finish (a worker died, a cluster went away): one sentence, records so far kept."""

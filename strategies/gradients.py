@@ -1,6 +1,7 @@
 """How gradients and weights travel: one flat float32 buffer each, and the one synchronous update rule."""
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 import torch
@@ -38,7 +39,8 @@ class FlatModel:
         self.grads.copy_(flat, non_blocking=True)
 
 
-def combine_gradients(grads: Sequence[torch.Tensor], samples: Sequence[int]) -> torch.Tensor:
+def combine_gradients(grads: Sequence[torch.Tensor], samples: Sequence[int],
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """The synchronous update rule: the sample-weighted mean of the workers' mean-loss gradients.
 
     Each worker's gradient is d(mean loss over its b_i samples); weighting by b_i / sum(b)
@@ -46,17 +48,29 @@ def combine_gradients(grads: Sequence[torch.Tensor], samples: Sequence[int]) -> 
     """
     if len(grads) != len(samples) or not grads:
         raise ValueError("need one sample count per gradient")
-    total = float(sum(samples))
-    combined = grads[0] * (samples[0] / total)
-    for grad, n in zip(grads[1:], samples[1:]):
-        combined.add_(grad, alpha=n / total)
+    return weighted_sum(grads, batch_shares(samples), out)
+
+
+def weighted_sum(grads: Sequence[torch.Tensor], weights: Sequence[float],
+                 out: torch.Tensor | None = None) -> torch.Tensor:
+    """sum(w_i * g_i) in one output buffer, no temporaries beyond it."""
+    combined = torch.mul(grads[0], weights[0], out=out)
+    for grad, w in zip(grads[1:], weights[1:]):
+        combined.add_(grad, alpha=w)
     return combined
 
 
 def batch_shares(samples: Sequence[int]) -> list[float]:
-    """b_i / B per worker: what an all-reduce SUM must pre-scale by to apply the same rule."""
+    """b_i / B per worker: the weights of the rule (and what an all-reduce SUM pre-scales by)."""
     total = float(sum(samples))
     return [n / total for n in samples]
+
+
+def from_buffer(array) -> torch.Tensor:
+    """A tensor over a (read-only, zero-copy) numpy buffer from an object store; callers only read it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(array)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -11,7 +11,7 @@ from . import registry
 from .base import StepTiming, Strategy
 from .clock import cv, median, now
 from .data import Split, cached_mnist
-from .errors import UserError
+from .errors import RunFailed, UserError
 from .floor import FLOOR_NAME, measure_floor
 from .gradients import FlatModel, count_parameters
 from .records import RecordFile, environment, redacted
@@ -82,6 +82,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict) -> dict:
         with tqdm(total=total, desc=name, unit="step", file=sys.stderr, disable=None, leave=False) as bar:
             repeats = [train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar) for r in range(cfg["repeats"])]
         workers = strategy.worker_info()
+        extras = strategy.record_extras()
     finally:
         strategy.close()
     timed = [t for r in repeats for t in r["timed"]]
@@ -104,6 +105,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict) -> dict:
         "startup_s": startup_s,
         "step": step_summary(timed),
         "accuracy_curve": repeats[0]["curve"],
+        **extras,
     }
 
 
@@ -127,7 +129,12 @@ def run(cfg: dict) -> RecordFile:
     try:
         for name in cfg["strategies"]:
             log.info("running %s", name)
-            record = run_strategy(name, cfg, evaluate, env)
+            try:
+                record = run_strategy(name, cfg, evaluate, env)
+            except RunFailed as e:  # keep what failed in the records too, then end the run
+                out.add({"strategy": name, "status": "failed", "reason": str(e), "workers": [],
+                         "config": redacted(cfg), "env": env})
+                raise
             out.add(record)
             if record["status"] == "skipped":
                 print(f"skipped {name}: {record['reason']}", file=sys.stderr)
@@ -139,5 +146,3 @@ def run(cfg: dict) -> RecordFile:
     print(markdown(out.records))
     return out
 
-
-__all__ = ["run", "UserError"]

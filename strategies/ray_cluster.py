@@ -1,0 +1,113 @@
+"""Joining Ray: a private local instance, or an explicit cluster address. Never Ray's auto-detection."""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import tempfile
+from urllib.parse import urlsplit
+
+from .errors import UserError
+
+QUIET_ENV = {
+    "RAY_USAGE_STATS_ENABLED": "0",         # no usage-stats prompt or network call
+    "RAY_DEDUP_LOGS": "0",
+    "RAY_TRAIN_V2_ENABLED": "1",
+}
+
+
+def check_reachable(address: str, timeout_s: float) -> None:
+    """Fail fast, in one sentence, on an address nothing listens at (ray.init would retry for minutes)."""
+    parsed = urlsplit(address if "://" in address else f"tcp://{address}")
+    host, port = parsed.hostname, parsed.port
+    if not host or not port:
+        raise UserError(f"cluster address '{address}' must look like host:port or scheme://host:port")
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot reach {address} within {timeout_s:g} s: {e.strerror or e}") from None
+
+
+def use_token_auth() -> None:
+    """Token auth on, the same on every node; the token from RAY_AUTH_TOKEN(_PATH) or ~/.ray/auth_token.
+
+    Ray caches its auth settings when first loaded, so a process that imported Ray before this
+    would keep a stale view and fail its own GCS handshake: reload them from the environment.
+    """
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    try:
+        from ray._raylet import AuthenticationTokenLoader, Config
+        Config.initialize("")
+        AuthenticationTokenLoader.instance().reset_cache()
+    except (ImportError, AttributeError):  # another Ray version: its import-time view stands
+        pass
+
+
+class RayConnection:
+    """`ray.init` for one strategy; `close()` shuts down exactly what it started and restores the env."""
+
+    def __init__(self, cfg: dict, labels: set[str]) -> None:
+        import ray
+
+        self.ray = ray
+        self.saved_env = {k: os.environ.get(k) for k in (*QUIET_ENV, "RAY_ADDRESS")}
+        os.environ.update(QUIET_ENV)
+        use_token_auth()
+        cluster = cfg["cluster"]
+        quiet = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
+                 "configure_logging": True}
+        if ray.is_initialized():
+            ray.shutdown()
+        try:
+            if cluster["ray_address"]:
+                check_reachable(cluster["ray_address"], cluster["connect_timeout_s"])
+                ray.init(address=cluster["ray_address"], **quiet)
+            else:
+                self._start_private(labels, quiet)
+        except UserError:
+            self.close()
+            raise
+        except (ConnectionError, RuntimeError) as e:
+            self.close()
+            raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
+        missing = sorted(label for label in labels if label not in ray.cluster_resources())
+        if missing:
+            have = sorted(k for k in ray.cluster_resources() if not k.startswith("node:") and k not in
+                          ("CPU", "GPU", "memory", "object_store_memory"))
+            self.close()
+            raise UserError(f"no Ray node advertises placement label '{missing[0]}' "
+                            f"(labels in this cluster: {', '.join(have) or 'none'})")
+
+    def _start_private(self, labels: set[str], quiet: dict) -> None:
+        # A fresh instance of our own (address="local", no RAY_ADDRESS): never some other Ray on
+        # this machine. Its token is whatever this process loaded at `import ray` (see __init__.py),
+        # so driver and GCS agree even where ~/.ray holds an old token.
+        os.environ.pop("RAY_ADDRESS", None)
+        self.temp_dir = tempfile.mkdtemp(prefix="hbray-")
+        self.ray.init(address="local", num_cpus=os.cpu_count(), resources={label: 1000.0 for label in labels},
+                      _temp_dir=self.temp_dir, **quiet)
+
+    def close(self) -> None:
+        if self.ray.is_initialized():
+            self.ray.shutdown()
+        if getattr(self, "temp_dir", None):
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+        for key, value in self.saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def placement(worker: dict) -> dict:
+    """Actor options that pin a worker to the node advertising its label (anywhere if it has none)."""
+    return {"num_cpus": 0, "resources": {worker["node"]: 0.001} if worker["node"] else {}}
+
+
+def workers_per_host(cfg: dict, worker: dict) -> int:
+    """How many training processes share this worker's host: they split its cores."""
+    if not cfg["cluster"]["ray_address"]:
+        return len(cfg["workers"])
+    return sum(1 for w in cfg["workers"] if w["node"] == worker["node"])

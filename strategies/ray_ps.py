@@ -1,0 +1,224 @@
+"""Ray parameter server: single.py's loop with steps (1)-(3) spread over Ray actors.
+
+Each worker actor computes on its own batch and device; a server actor holds the master
+weights and optimizer. Every message is one flat float32 buffer: a worker returns its
+gradient, the server returns the new weights, which Ray stores once and every worker
+reads zero-copy.
+"""
+from __future__ import annotations
+
+import time
+
+import ray
+import torch
+
+from .base import Strategy, StepTiming, step_indices, worker_slice
+from .clock import now
+from .data import cached_mnist
+from .devices import configure_threads, resolve_device
+from .errors import RunFailed, UserError
+from .gradients import FlatModel, batch_shares, from_buffer, weighted_sum
+from .ray_cluster import RayConnection, placement, workers_per_host
+from .workload import build_model, build_optimizer, forward_backward
+
+
+class Worker:
+    """One configured worker, resolving its device inside its own process on its own node."""
+
+    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
+        configure_threads(cfg["threads"], threads_share)
+        self.cfg, self.rank = cfg, rank
+        self.spec = cfg["workers"][rank]
+        self.batches = [w["batch"] for w in cfg["workers"]]
+        self.device = resolve_device(self.spec["device"])
+        self.images, self.labels = cached_mnist(cfg)[0].tensors(self.device)
+        return {"name": self.spec["name"], "device": str(self.device), "node": self.spec["node"],
+                "node_id": ray.get_runtime_context().get_node_id(), "batch": self.spec["batch"],
+                "slowdown": self.spec["slowdown"]}
+
+    def reset(self, seed: int) -> None:
+        self.seed = seed
+        self.flat = FlatModel(build_model(self.cfg["dropout"], seed).to(self.device))
+
+    def compute(self, weights, step: int):
+        """(2a) load the shared weights, (1) forward+backward on my slice, (2b) hand back my gradient."""
+        self.flat.load_params(from_buffer(weights))
+        index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),
+                             self.batches, self.rank)
+        index = torch.from_numpy(index).to(self.device)
+        start = now(self.device)
+        self.flat.zero_grad()
+        forward_backward(self.flat.model, self.images[index], self.labels[index])
+        compute_s = now(self.device) - start
+        if self.spec["slowdown"] > 1.0:  # emulated slower device: the same work takes factor x as long
+            time.sleep((self.spec["slowdown"] - 1.0) * compute_s)
+            compute_s *= self.spec["slowdown"]
+        return self.flat.grads.to("cpu").numpy(), compute_s
+
+
+class ParameterServer:
+    """Master weights and the optimizer, on the driver's node, on CPU."""
+
+    def reset(self, cfg: dict, seed: int):
+        # The update runs while every worker waits for it: give it all of this host's cores.
+        configure_threads(0)
+        self.flat = FlatModel(build_model(cfg["dropout"], seed))
+        self.optimizer = build_optimizer(self.flat.model.parameters(), cfg["optimizer"], cfg["lr"])
+        return self.flat.params.numpy()
+
+    def apply(self, shares: list[float], *grads):
+        """(2c) the gradients weighted by their batch shares, (3) one optimizer step; new weights out."""
+        start = time.perf_counter()
+        weighted_sum([from_buffer(g) for g in grads], shares, out=self.flat.grads)
+        self.optimizer.step()
+        return self.flat.params.numpy(), time.perf_counter() - start
+
+
+STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, something hangs
+RemoteWorker = ray.remote(Worker)
+RemoteServer = ray.remote(ParameterServer)
+
+
+class RayParameterServer(Strategy):
+    name = "ray-ps"
+
+    def start(self) -> None:
+        workers = self.cfg["workers"]
+        self.batches = [w["batch"] for w in workers]
+        self.shares = batch_shares(self.batches)  # the sample-weighted rule, as weights
+        self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
+        self.server = RemoteServer.options(num_cpus=0).remote()
+        self.workers = [RemoteWorker.options(**placement(w)).remote() for w in workers]
+        self.info = self._get([w.setup.remote(self.cfg, rank, workers_per_host(self.cfg, spec))
+                               for rank, (w, spec) in enumerate(zip(self.workers, workers))], "setting up")
+
+    def reset(self, seed: int) -> None:
+        self.weights_ref = self.server.reset.remote(self.cfg, seed)
+        self._get([w.reset.remote(seed) for w in self.workers] + [self.weights_ref], "resetting")
+
+    def step(self, step: int) -> StepTiming:
+        start = now()
+        # (1) every worker computes on its own batch, from the weights stored once for all of them
+        outputs = [w.compute.options(num_returns=2).remote(self.weights_ref, step) for w in self.workers]
+        grads, compute_refs = zip(*outputs)
+        # (2) (3) the server combines by the sample-weighted rule and steps; Ray passes it the
+        # gradients straight from the workers' object-store entries
+        self.weights_ref, update_ref = self.server.apply.options(num_returns=2).remote(self.shares, *grads)
+        compute = self._get(list(compute_refs) + [update_ref], f"step {step}")[:-1]
+        ray.wait([self.weights_ref], fetch_local=False)
+        total = now() - start
+        compute_s = {w["name"]: c for w, c in zip(self.info, compute)}
+        return StepTiming(compute_s, comm_s=total - max(compute), wait_s=max(compute) - min(compute),
+                          total_s=total)
+
+    def weights(self) -> torch.Tensor:
+        return torch.from_numpy(ray.get(self.weights_ref).copy())
+
+    def worker_info(self) -> list[dict]:
+        return [dict(i) for i in self.info]
+
+    def close(self) -> None:
+        if getattr(self, "cluster", None):
+            self.cluster.close()
+
+    def _get(self, refs: list, doing: str) -> list:
+        """ray.get with errors in one sentence: bad input stays bad input, a dead worker is named."""
+        try:
+            return ray.get(refs, timeout=STEP_TIMEOUT_S)
+        except ray.exceptions.RayTaskError as e:
+            if isinstance(e.cause, UserError):
+                raise UserError(str(e.cause)) from None
+            raise RunFailed(f"{self.name} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
+        except ray.exceptions.RayActorError as e:
+            raise RunFailed(f"{self.name}: {self._dead_worker()} died while {doing}") from None
+        except ray.exceptions.GetTimeoutError:
+            raise RunFailed(f"{self.name}: no answer from the workers while {doing}") from None
+
+    def _dead_worker(self) -> str:
+        for actor, spec in zip(self.workers, self.cfg["workers"]):
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+                return f"worker '{spec['name']}'"
+        return "the parameter server"
+
+
+class RayParameterServerAsync(RayParameterServer):
+    """ray-ps with bounded staleness: the server applies each gradient as it arrives.
+
+    Differs from ray-ps in (2)/(3): no barrier. A finished worker's gradient is applied at once,
+    scaled by its batch share, and the worker restarts from the newest weights, unless it is more
+    than `max_staleness` versions ahead of the slowest worker still computing: then it waits.
+    """
+
+    name = "ray-ps-async"
+
+    def reset(self, seed: int) -> None:
+        self._drain()
+        super().reset(seed)
+        self.version = 0
+        self.next_batch = [0] * len(self.workers)   # each worker reads its own stream of slices
+        self.in_flight: dict = {}                   # gradient ref -> (rank, version it started from, compute ref)
+        self.parked: list[int] = []
+        self.staleness = getattr(self, "staleness", [])
+        for rank in range(len(self.workers)):
+            self._submit(rank)
+
+    def _submit(self, rank: int) -> None:
+        grad, compute = self.workers[rank].compute.options(num_returns=2).remote(self.weights_ref,
+                                                                                 self.next_batch[rank])
+        self.next_batch[rank] += 1
+        self.in_flight[grad] = (rank, self.version, compute)
+
+    def step(self, step: int) -> StepTiming:
+        start, applied = now(), 0
+        computes: dict[str, list[float]] = {w["name"]: [] for w in self.info}
+        waited = 0.0
+        while applied < self.cfg["batch_size"]:
+            # (1) whichever worker finishes first ...
+            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=STEP_TIMEOUT_S)
+            if not ready:
+                raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
+            rank, started_at, compute_ref = self.in_flight.pop(ready[0])
+            computes[self.info[rank]["name"]].append(self._get([compute_ref], f"step {step}")[0])
+            # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch
+            self.weights_ref, _ = self.server.apply.options(num_returns=2).remote([self.shares[rank]], ready[0])
+            self.staleness.append(self.version - started_at)
+            self.version += 1
+            applied += self.batches[rank]
+            # bounded staleness: run ahead of the slowest worker by at most max_staleness versions
+            parked_at = now()
+            for r in [rank, *self.parked]:
+                self.parked = [p for p in self.parked if p != r]
+                if self._too_far_ahead():
+                    self.parked.append(r)
+                else:
+                    self._submit(r)
+            waited += now() - parked_at
+        total = now() - start
+        last = {w["name"]: (c[-1] if c else 0.0) for w, c in zip(self.info, computes.values())}
+        compute_s = {name: (sum(c) / len(c) if c else last[name]) for name, c in computes.items()}
+        return StepTiming(compute_s, comm_s=max(0.0, total - max(compute_s.values())), wait_s=waited,
+                          total_s=total)
+
+    def _too_far_ahead(self) -> bool:
+        oldest = min((v for _, v, _ in self.in_flight.values()), default=self.version)
+        return self.version - oldest > self.cfg["max_staleness"]
+
+    def weights(self) -> torch.Tensor:
+        return torch.from_numpy(ray.get(self.weights_ref).copy())
+
+    def record_extras(self) -> dict:
+        counts: dict[int, int] = {}
+        for s in self.staleness:
+            counts[s] = counts.get(s, 0) + 1
+        ordered = sorted(self.staleness)
+        return {"staleness": {"histogram": dict(sorted(counts.items())), "max": max(ordered, default=0),
+                              "median": ordered[len(ordered) // 2] if ordered else 0,
+                              "max_allowed": self.cfg["max_staleness"]}}
+
+    def _drain(self) -> None:
+        """Let a previous repeat's in-flight batches finish before the models are replaced."""
+        pending = list(getattr(self, "in_flight", {}))
+        if pending:
+            ray.wait(pending, num_returns=len(pending), timeout=60)
