@@ -1,0 +1,109 @@
+"""ray-ps / ray-ps-async on real Ray: the update rule, learning, placement, a dying worker, bad addresses."""
+import json
+import time
+
+import pytest
+import ray
+import torch
+from ray.cluster_utils import Cluster
+
+from strategies import ray_ps
+from strategies.errors import RunFailed, UserError
+from strategies.runner import run
+from strategies.single import Single
+from tests.conftest import small_config
+from tests.test_cli import assert_one_line_error, hetbench
+
+UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
+
+
+def first_update(strategy_cls, cfg) -> torch.Tensor:
+    strategy = strategy_cls(cfg)
+    try:
+        strategy.start()
+        strategy.reset(cfg["seed"])
+        strategy.step(0)
+        return strategy.weights()
+    finally:
+        strategy.close()
+
+
+def test_first_synchronous_update_equals_the_single_device_step_on_the_union_batch(tmp_path):
+    cfg = small_config(tmp_path, "dropout=0", UNEQUAL)
+    expected = first_update(Single, cfg)
+    got = first_update(ray_ps.RayParameterServer, cfg)
+    assert not ray.is_initialized()  # close() shut our private instance down
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
+def test_async_learns_and_records_bounded_staleness(tmp_path):
+    cfg = small_config(tmp_path, "strategies=[ray-ps-async]", UNEQUAL, "steps=120", "warmup_steps=2",
+                       "repeats=1", "eval_every=40", "floor.enabled=false", "max_staleness=1")
+    (record,) = json.loads(run(cfg).path.read_text())
+    assert record["status"] == "ok" and record["final_accuracy"] > 0.5  # chance is 0.1
+    staleness = record["staleness"]
+    assert sum(staleness["histogram"].values()) > 120 and staleness["max"] <= 2
+    assert {w["name"]: w["device"] for w in record["workers"]} == {"big": "cpu", "small": "cpu"}
+
+
+def test_a_worker_that_dies_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
+    step = ray_ps.RayParameterServer.step
+
+    def step_then_kill(self, n):
+        if n == 3:
+            ray.kill(self.workers[1])
+        return step(self, n)
+
+    monkeypatch.setattr(ray_ps.RayParameterServer, "step", step_then_kill)
+    cfg = small_config(tmp_path, "name=dies", "strategies=[single, ray-ps]", UNEQUAL, "steps=6", "repeats=1",
+                       "floor.enabled=false")
+    with pytest.raises(RunFailed, match="ray-ps: worker 'small' died while step 3"):
+        run(cfg)
+    records = json.loads(next((tmp_path / "results" / "raw").glob("*-dies-*.json")).read_text())
+    assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("ray-ps", "failed")]
+    assert "| single" in (tmp_path / "results" / "dies.md").read_text()
+    assert not ray.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A real two-node Ray cluster on this machine: a head, and a node advertising the `mac` label."""
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"desktop": 1}})
+    mac = cluster.add_node(num_cpus=1, resources={"mac": 1})
+    cluster.wait_for_nodes(timeout=60)
+    yield cluster, mac
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster.shutdown()
+
+
+def test_worker_labelled_for_the_second_node_runs_there(tmp_path, two_nodes):
+    cluster, mac = two_nodes
+    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}",
+                       "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]")
+    strategy = ray_ps.RayParameterServer(cfg)
+    try:
+        strategy.start()
+        placed = {w["name"]: w["node_id"] for w in strategy.worker_info()}
+    finally:
+        strategy.close()
+    assert placed["m"] == mac.node_id
+    assert placed["d"] != mac.node_id
+
+
+def test_a_label_no_node_has_fails_fast(tmp_path, two_nodes):
+    cluster, _ = two_nodes
+    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}", "workers=[{node: laptop}]")
+    started = time.monotonic()
+    with pytest.raises(UserError, match="no Ray node advertises placement label 'laptop'"):
+        ray_ps.RayParameterServer(cfg).start()
+    assert time.monotonic() - started < 60 and not ray.is_initialized()
+
+
+def test_unreachable_ray_address_is_exit_2_within_bounded_time(tmp_path):
+    started = time.monotonic()
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "strategies=[ray-ps]",
+                      "--set", "cluster.ray_address=127.0.0.1:9", "--set", "cluster.connect_timeout_s=3",
+                      "--set", "download=false", "--results-dir", str(tmp_path), timeout=120)
+    assert_one_line_error(result, "cannot reach 127.0.0.1:9 within 3 s")
+    assert time.monotonic() - started < 60
