@@ -16,6 +16,7 @@ class StepTiming:
     comm_s: float
     wait_s: float
     total_s: float               # wall time of the whole step, as the driver sees it
+    update_s: float = 0.0        # part of comm: a central optimizer step (parameter server only)
 
     @property
     def sync_overhead_s(self) -> float:

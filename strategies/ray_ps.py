@@ -104,12 +104,12 @@ class RayParameterServer(Strategy):
         # (2) (3) the server combines by the sample-weighted rule and steps; Ray passes it the
         # gradients straight from the workers' object-store entries
         self.weights_ref, update_ref = self.server.apply.options(num_returns=2).remote(self.shares, *grads)
-        compute = self._get(list(compute_refs) + [update_ref], f"step {step}")[:-1]
-        ray.wait([self.weights_ref], fetch_local=False)
+        # the update's timing is the server's other return: once it is here, so are the new weights
+        *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}")
         total = now() - start
         compute_s = {w["name"]: c for w, c in zip(self.info, compute)}
         return StepTiming(compute_s, comm_s=total - max(compute), wait_s=max(compute) - min(compute),
-                          total_s=total)
+                          total_s=total, update_s=update_s)
 
     def weights(self) -> torch.Tensor:
         return torch.from_numpy(ray.get(self.weights_ref).copy())

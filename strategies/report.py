@@ -11,7 +11,7 @@ from .records import atomic_write
 from .registry import BASELINE
 
 from .floor import FLOOR_NAME as FLOOR
-COLUMNS = ["strategy", "workers", "samples/s", "CV", "vs baseline", "compute ms", "comm ms", "wait ms",
+COLUMNS = ["strategy", "workers", "samples/s", "CV", "vs baseline", "compute ms", "comm ms", "update ms", "wait ms",
            "sync overhead ms", "vs floor", "test acc", "time to target s", "startup s", "status"]
 
 
@@ -49,6 +49,7 @@ def rows(records: list[dict]) -> list[list]:
             r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
             _ms(step.get("compute_s")),
             _ms(step.get("comm_s")),
+            _ms(step.get("update_s")) if step.get("update_s") else None,
             _ms(step.get("wait_s")),
             _ms(overhead),
             overhead / floor["allreduce_s"] if floor and overhead is not None else None,
@@ -96,7 +97,9 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
 LEGEND = """\
 samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
 compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
-gradients or weights, and of idling for the slowest worker. sync overhead = step time - slowest compute;
+gradients or weights (update: the part of comm a parameter server spends in its optimizer step),
+and of the fastest worker idling for the slowest (ray-ps-async: time a worker was held back by
+max_staleness). sync overhead = step time - slowest compute;
 on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
 processes, measured in the same run, and "vs floor" divides by it. time to target: training clock
 (evaluation excluded) until the test accuracy first reached the config's target_accuracy."""

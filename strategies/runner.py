@@ -64,6 +64,7 @@ def step_summary(timed: list[StepTiming]) -> dict:
         "wait_s": median([t.wait_s for t in timed]),
         "total_s": median([t.total_s for t in timed]),
         "sync_overhead_s": median([t.sync_overhead_s for t in timed]),
+        "update_s": median([t.update_s for t in timed]),
     }
 
 

@@ -26,8 +26,8 @@ def test_baseline_first_then_floor_with_relative_columns():
     assert [r[0] for r in table] == ["single", "gloo-floor", "ray-ps", "dask-sync"]
     single, floor, ps, skipped = table
     assert single[4] == 1.0 and ps[4] == 0.5           # vs baseline
-    assert floor[8] == 5.0 and floor[9] == 1.0          # the floor is 1x itself
-    assert abs(ps[8] - 10.0) < 1e-9 and abs(ps[9] - 2.0) < 1e-9  # 10 ms overhead = 2x a 5 ms floor
+    assert floor[9] == 5.0 and floor[10] == 1.0          # the floor is 1x itself
+    assert abs(ps[9] - 10.0) < 1e-9 and abs(ps[10] - 2.0) < 1e-9  # 10 ms overhead = 2x a 5 ms floor
     assert skipped[-1] == "skipped: not installed"
 
 
