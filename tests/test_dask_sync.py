@@ -1,0 +1,111 @@
+"""dask-sync on real Dask: the update rule, learning, placement by resource label, a lost worker, bad addresses."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from strategies import dask_sync
+from strategies.errors import RunFailed, UserError
+from strategies.runner import run
+from strategies.single import Single
+from tests.conftest import small_config
+from tests.test_cli import assert_one_line_error, hetbench
+from tests.test_ray_ps import UNEQUAL, first_update
+
+
+def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path):
+    cfg = small_config(tmp_path, "dropout=0", UNEQUAL)
+    expected = first_update(Single, cfg)
+    got = first_update(dask_sync.DaskSync, cfg)
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
+def test_learns_with_worker_resident_replicas(tmp_path):
+    cfg = small_config(tmp_path, "strategies=[dask-sync]", UNEQUAL, "steps=120", "warmup_steps=2",
+                       "repeats=1", "eval_every=40", "floor.enabled=false")
+    (record,) = json.loads(run(cfg).path.read_text())
+    assert record["status"] == "ok" and record["final_accuracy"] > 0.5  # chance is 0.1
+    assert [w["device"] for w in record["workers"]] == ["cpu", "cpu"]
+    assert len({w["dask_worker"] for w in record["workers"]}) == 2  # one Dask worker each
+    assert record["step"]["comm_s"] > 0 and record["startup_s"] > 0
+
+
+def test_a_lost_worker_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
+    step = dask_sync.DaskSync.step
+
+    def step_then_kill(self, n):
+        if n == 3:
+            pid = self.client.run(os.getpid, workers=[self.addresses[1]])[self.addresses[1]]
+            os.kill(pid, signal.SIGKILL)
+        return step(self, n)
+
+    monkeypatch.setattr(dask_sync.DaskSync, "step", step_then_kill)
+    cfg = small_config(tmp_path, "name=lost", "strategies=[single, dask-sync]", UNEQUAL, "steps=6", "repeats=1",
+                       "floor.enabled=false")
+    with pytest.raises(RunFailed, match="dask-sync failed while step 3: worker 'small' was lost"):
+        run(cfg)
+    records = json.loads(next((tmp_path / "results" / "raw").glob("*-lost-*.json")).read_text())
+    assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("dask-sync", "failed")]
+
+
+@pytest.fixture
+def labelled_cluster():
+    """A real scheduler and two `dask worker` processes, one advertising the `mac` resource label."""
+    from distributed import LocalCluster
+
+    cluster = LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=None)
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_worker", cluster.scheduler_address,
+                               "--nthreads", "1", "--no-dashboard", "--host", "127.0.0.1", *extra],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for extra in (["--resources", "desktop=1"], ["--resources", "mac=1"])]
+    try:
+        deadline = time.monotonic() + 60
+        while len(cluster.scheduler.workers) < 2:
+            assert time.monotonic() < deadline, "dask workers did not join"
+            time.sleep(0.2)
+        yield cluster
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        cluster.close(timeout=10)
+
+
+def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, labelled_cluster):
+    address = labelled_cluster.scheduler_address
+    mac = next(a for a, w in labelled_cluster.scheduler.workers.items() if "mac" in w.resources)
+    cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}",
+                       "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]")
+    strategy = dask_sync.DaskSync(cfg)
+    try:
+        strategy.start()
+        placed = {w["name"]: w["dask_worker"] for w in strategy.worker_info()}
+    finally:
+        strategy.close()
+    assert placed["m"] == mac and placed["d"] != mac
+
+    cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}", "workers=[{node: laptop}]")
+    strategy = dask_sync.DaskSync(cfg)
+    try:
+        with pytest.raises(UserError, match="no Dask worker advertises placement label 'laptop'"):
+            strategy.start()
+    finally:
+        strategy.close()
+
+
+def test_unreachable_scheduler_is_exit_2_within_bounded_time(tmp_path):
+    started = time.monotonic()
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "strategies=[dask-sync]",
+                      "--set", "cluster.dask_scheduler=tcp://127.0.0.1:9", "--set", "cluster.connect_timeout_s=3",
+                      "--set", "download=false", "--results-dir", str(tmp_path), timeout=120)
+    assert_one_line_error(result, "cannot reach tcp://127.0.0.1:9 within 3 s")
+    assert time.monotonic() - started < 60
