@@ -1,0 +1,219 @@
+"""Ray Train with gloo: single.py's loop run by a TorchTrainer, one rank per configured worker.
+
+(1) each rank computes on its own batch and device; (2) its flat gradient is staged to one CPU
+buffer, pre-scaled by its batch share b_i/B and all-reduced with SUM over gloo (which takes no
+MPS tensors, and NCCL has no Mac), so the sum is the sample-weighted mean; (3) every rank applies
+the same optimizer step. Ray Train owns the loop, so ranks send their per-step timings (and rank 0
+its weights at evaluation steps) to a small collector actor that the driver reads step by step.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import uuid
+
+import ray
+import torch
+
+from .base import Strategy, StepTiming, step_indices, worker_slice, workers_per_host
+from .clock import now
+from .data import cached_mnist
+from .devices import configure_threads, keep_freed_memory, resolve_device
+from .errors import RunFailed
+from .gradients import FlatModel, batch_shares, from_buffer
+from .ray_cluster import RayConnection
+from .workload import build_model, build_optimizer, forward_backward
+
+WAIT_S = 600  # no single step on any device takes this long: past it, something hangs
+
+
+@ray.remote(num_cpus=0, max_concurrency=16)
+class Collector:
+    """Per-step timings from every rank and rank 0's weights at evaluation steps, for the driver."""
+
+    def __init__(self, world: int) -> None:
+        self.world, self.steps, self.snapshots = world, {}, {}
+        self.ready = threading.Condition()
+        self.stop = False
+
+    def record(self, key: tuple, rank: int, timing: dict, weights=None) -> bool:
+        with self.ready:
+            self.steps.setdefault(key, {})[rank] = timing
+            if weights is not None:
+                self.snapshots[key] = weights
+            self.ready.notify_all()
+        return self.stop
+
+    def wait(self, key: tuple, timeout_s: float):
+        """All ranks' timings for (repeat, step), and the weights if rank 0 sent them; None on timeout."""
+        with self.ready:
+            if not self.ready.wait_for(lambda: len(self.steps.get(key, {})) == self.world, timeout_s):
+                return None
+            return self.steps.pop(key), self.snapshots.pop(key, None)
+
+    def request_stop(self) -> None:
+        self.stop = True
+
+
+def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> None:
+    """(2) grads -> one CPU buffer, x share, SUM over gloo, back to the device (a no-op copy on CPU)."""
+    import torch.distributed as dist
+
+    staging.copy_(flat.grads)
+    staging.mul_(share)
+    dist.all_reduce(staging)
+    flat.grads.copy_(staging)
+
+
+def my_worker(cfg: dict, rank: int) -> int:
+    """The configured worker this rank plays: ranks on a labelled node take that label's workers."""
+    import torch.distributed as dist
+
+    labels = {k for k, v in ray.get_runtime_context().get_assigned_resources().items()}
+    node = ray.get_runtime_context().get_node_id()
+    node_labels = next((set(n["Resources"]) for n in ray.nodes() if n["NodeID"] == node), set()) | labels
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, sorted(node_labels))
+    free = list(range(len(cfg["workers"])))
+    for r, have in enumerate(everyone):  # the same deterministic assignment on every rank
+        pick = next((i for i in free if cfg["workers"][i]["node"] in have), None)
+        pick = pick if pick is not None else next(i for i in free if not cfg["workers"][i]["node"] or len(free) == 1)
+        free.remove(pick)
+        if r == rank:
+            mine = pick
+    return mine
+
+
+def train_loop(config: dict) -> None:
+    import ray.train
+    import torch.distributed as dist
+
+    cfg, collector, joined = config["cfg"], config["collector"], config["joined"]
+    rank = ray.train.get_context().get_world_rank()
+    index = my_worker(cfg, rank)
+    spec = cfg["workers"][index]
+    batches = [w["batch"] for w in cfg["workers"]]
+    share = batch_shares(batches)[index]
+    configure_threads(cfg["threads"], workers_per_host(cfg, spec, joined))
+    keep_freed_memory()
+    device = resolve_device(spec["device"])  # on this rank's own node
+    images, labels = cached_mnist(cfg, announce=False)[0].tensors(device)
+    info = {"name": spec["name"], "device": str(device), "node": spec["node"], "batch": spec["batch"],
+            "slowdown": spec["slowdown"], "rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
+    collector.record.remote(("ready",), rank, info)
+    total = cfg["warmup_steps"] + cfg["steps"]
+    for repeat in range(cfg["repeats"]):
+        flat = FlatModel(build_model(cfg["dropout"], cfg["seed"] + repeat).to(device))
+        optimizer = build_optimizer(flat.model.parameters(), cfg["optimizer"], cfg["lr"])
+        staging = torch.zeros(flat.params.numel())
+        for step in range(total):
+            idx = worker_slice(step_indices(len(labels), cfg["batch_size"], cfg["seed"] + repeat, step), batches, index)
+            idx = torch.from_numpy(idx).to(device)
+            start = now(device)
+            # (1) compute on my own batch
+            flat.zero_grad()
+            forward_backward(flat.model, images[idx], labels[idx])
+            computed = now(device)
+            compute_s = computed - start
+            if spec["slowdown"] > 1.0:  # emulated slower device
+                import time
+                time.sleep((spec["slowdown"] - 1.0) * compute_s)
+                compute_s *= spec["slowdown"]
+                computed = now(device)
+            # (2) the sample-weighted rule as one all-reduce over gloo
+            staged_allreduce(flat, staging, share)
+            reduced = now(device)
+            # (3) the same optimizer step on every rank
+            optimizer.step()
+            end = now(device)
+            snapshot = (rank == 0 and ((step + 1) % cfg["eval_every"] == 0 or step + 1 == total))
+            # a rank's own work is its compute, as on one device: forward, backward and its update
+            timing = {"compute_s": compute_s + (end - reduced), "comm_s": reduced - computed, "total_s": end - start}
+            collector.record.remote((repeat, step), rank, timing,
+                                    flat.params.to("cpu").numpy().copy() if snapshot else None)
+    dist.barrier()
+
+
+class RayTrainGloo(Strategy):
+    name = "ray-train-gloo"
+
+    def start(self) -> None:
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchConfig, TorchTrainer
+
+        for name in ("ray.train", "ray.train.v2", "ray.util.state", "ray.data"):
+            logging.getLogger(name).setLevel(logging.ERROR)  # PlacementGroupCleaner / State API chatter
+        workers = self.cfg["workers"]
+        self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
+        self.collector = Collector.remote(len(workers))
+        self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
+        joined = bool(self.cfg["cluster"]["ray_address"])
+        trainer = TorchTrainer(
+            train_loop,
+            train_loop_config={"cfg": self.cfg, "collector": self.collector, "joined": joined},
+            torch_config=TorchConfig(backend="gloo", timeout_s=int(WAIT_S)),
+            scaling_config=ScalingConfig(num_workers=len(workers), use_gpu=False,
+                                         resources_per_worker={"CPU": 0.01},
+                                         placement_strategy="SPREAD" if joined else "PACK"),
+            run_config=RunConfig(name=f"hetbench-{uuid.uuid4().hex[:12]}", storage_path=self.storage,
+                                 failure_config=FailureConfig(max_failures=0)),
+        )
+        self.failure: BaseException | None = None
+        self.fit = threading.Thread(target=self._fit, args=(trainer,), daemon=True)
+        self.fit.start()
+        ready = self._wait(("ready",))[0]
+        self.info = [ready[r] for r in sorted(ready)]
+
+    def _fit(self, trainer) -> None:
+        try:
+            trainer.fit()
+        except BaseException as e:  # reported by the next wait
+            self.failure = e
+
+    def _wait(self, key: tuple):
+        waited = 0.0
+        while waited < WAIT_S:
+            got = ray.get(self.collector.wait.remote(key, 2.0))
+            if got is not None:
+                return got
+            if not self.fit.is_alive():
+                reason = str(self.failure).strip().splitlines()[-1] if self.failure else "training ended early"
+                raise RunFailed(f"{self.name}: the training group stopped at {key}: {reason}")
+            waited += 2.0
+        raise RunFailed(f"{self.name}: no step finished within {WAIT_S} s at {key}")
+
+    def reset(self, seed: int) -> None:
+        self.repeat = seed - self.cfg["seed"]  # the ranks run the same repeats, seeded alike
+        self.snapshot = None
+
+    def step(self, step: int) -> StepTiming:
+        timings, snapshot = self._wait((self.repeat, step))
+        if snapshot is not None:
+            self.snapshot = snapshot
+        by_name = {self.info[r]["name"]: t for r, t in timings.items()}
+        compute = [t["compute_s"] for t in by_name.values()]
+        total = max(t["total_s"] for t in by_name.values())
+        return StepTiming({n: t["compute_s"] for n, t in by_name.items()},
+                          comm_s=total - max(compute), wait_s=max(compute) - min(compute), total_s=total)
+
+    def weights(self) -> torch.Tensor:
+        return from_buffer(self.snapshot)
+
+    def worker_info(self) -> list[dict]:
+        return [dict(i) for i in self.info]
+
+    def close(self) -> None:
+        if getattr(self, "collector", None) is not None:
+            try:
+                ray.get(self.collector.request_stop.remote(), timeout=5)
+            except Exception:  # the cluster may be gone already
+                pass
+        if getattr(self, "fit", None) is not None:
+            self.fit.join(timeout=30)
+        if getattr(self, "cluster", None):
+            self.cluster.close()
+        if getattr(self, "storage", None):
+            shutil.rmtree(self.storage, ignore_errors=True)
