@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import struct
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import pytest
 from strategies.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_MNIST = REPO.parent / "shared" / "data" / "mnist"
+# The real MNIST test set: where HETBENCH_DATA_DIR points, else beside the checkout (CI's layout).
+SHARED_MNIST = Path(os.environ.get("HETBENCH_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
 
 
 @pytest.fixture(autouse=True)
