@@ -1,6 +1,7 @@
 """The contract every strategy implements, and what one global step reports."""
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -59,6 +60,13 @@ class Strategy(ABC):
 
     def close(self) -> None:
         """Stop everything start() started; called on every exit path."""
+
+
+def quiet_loggers(*names: str) -> None:
+    """Keep a cluster library's own chatter off the terminal, unless the user asked for logs (-v)."""
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def step_indices(n: int, global_batch: int, seed: int, step: int) -> np.ndarray:

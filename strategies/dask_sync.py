@@ -14,7 +14,7 @@ import logging
 import torch
 
 from .addresses import check_reachable
-from .base import Strategy, StepTiming, workers_per_host
+from .base import StepTiming, Strategy, quiet_loggers, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError
 from .gradients import batch_shares
@@ -29,6 +29,7 @@ class DaskSync(Strategy):
     def start(self) -> None:
         from distributed import Client, LocalCluster
 
+        quiet_loggers("distributed")
         workers, cluster = self.cfg["workers"], self.cfg["cluster"]
         self.batches = [w["batch"] for w in workers]
         self.shares = batch_shares(self.batches)

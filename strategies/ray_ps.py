@@ -10,7 +10,7 @@ from __future__ import annotations
 import ray
 import torch
 
-from .base import Strategy, StepTiming, workers_per_host
+from .base import StepTiming, Strategy, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError
 from .gradients import batch_shares
@@ -79,7 +79,7 @@ class RayParameterServer(Strategy):
             if isinstance(e.cause, UserError):
                 raise UserError(str(e.cause)) from None
             raise RunFailed(f"{self.name} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
-        except ray.exceptions.RayActorError as e:
+        except ray.exceptions.RayActorError:
             raise RunFailed(f"{self.name}: {self._dead_worker()} died while {doing}") from None
         except ray.exceptions.GetTimeoutError:
             raise RunFailed(f"{self.name}: no answer from the workers while {doing}") from None

@@ -8,8 +8,6 @@ its weights at evaluation steps) to a small collector actor that the driver read
 """
 from __future__ import annotations
 
-import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -18,7 +16,14 @@ import uuid
 import ray
 import torch
 
-from .base import Strategy, StepTiming, step_indices, worker_slice, workers_per_host
+from .base import (
+    StepTiming,
+    Strategy,
+    quiet_loggers,
+    step_indices,
+    worker_slice,
+    workers_per_host,
+)
 from .clock import now
 from .data import cached_mnist
 from .devices import configure_threads, keep_freed_memory, resolve_device
@@ -37,6 +42,7 @@ class Collector:
     def __init__(self, world: int) -> None:
         self.world, self.steps, self.snapshots = world, {}, {}
         self.ready = threading.Condition()
+        self.released: set = set()
         self.stop = False
 
     def record(self, key: tuple, rank: int, timing: dict, weights=None) -> bool:
@@ -54,8 +60,21 @@ class Collector:
                 return None
             return self.steps.pop(key), self.snapshots.pop(key, None)
 
+    def hold(self, key: tuple, timeout_s: float) -> bool:
+        """Ranks wait here after an evaluation step until the driver has evaluated (or stops them)."""
+        with self.ready:
+            self.ready.wait_for(lambda: key in self.released or self.stop, timeout_s)
+            return self.stop
+
+    def release(self, key: tuple) -> None:
+        with self.ready:
+            self.released.add(key)
+            self.ready.notify_all()
+
     def request_stop(self) -> None:
-        self.stop = True
+        with self.ready:
+            self.stop = True
+            self.ready.notify_all()
 
 
 def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> None:
@@ -129,11 +148,15 @@ def train_loop(config: dict) -> None:
             # (3) the same optimizer step on every rank
             optimizer.step()
             end = now(device)
-            snapshot = (rank == 0 and ((step + 1) % cfg["eval_every"] == 0 or step + 1 == total))
+            evaluated = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
             # a rank's own work is its compute, as on one device: forward, backward and its update
             timing = {"compute_s": compute_s + (end - reduced), "comm_s": reduced - computed, "total_s": end - start}
             collector.record.remote((repeat, step), rank, timing,
-                                    flat.params.to("cpu").numpy().copy() if snapshot else None)
+                                    flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None)
+            # the driver evaluates between steps, as for every strategy: wait, off the clock, so
+            # its evaluation never competes with training for the cores
+            if evaluated and ray.get(collector.hold.remote((repeat, step), WAIT_S)):
+                return
     dist.barrier()
 
 
@@ -144,8 +167,7 @@ class RayTrainGloo(Strategy):
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchConfig, TorchTrainer
 
-        for name in ("ray.train", "ray.train.v2", "ray.util.state", "ray.data"):
-            logging.getLogger(name).setLevel(logging.ERROR)  # PlacementGroupCleaner / State API chatter
+        quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers = self.cfg["workers"]
         self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
         self.collector = Collector.remote(len(workers))
@@ -186,13 +208,21 @@ class RayTrainGloo(Strategy):
         raise RunFailed(f"{self.name}: no step finished within {WAIT_S} s at {key}")
 
     def reset(self, seed: int) -> None:
+        self._release()
         self.repeat = seed - self.cfg["seed"]  # the ranks run the same repeats, seeded alike
         self.snapshot = None
 
+    def _release(self) -> None:
+        """Let the ranks go on past the last evaluation step: the driver has evaluated by now."""
+        if getattr(self, "held", None) is not None:
+            self.collector.release.remote(self.held)
+            self.held = None
+
     def step(self, step: int) -> StepTiming:
+        self._release()
         timings, snapshot = self._wait((self.repeat, step))
         if snapshot is not None:
-            self.snapshot = snapshot
+            self.snapshot, self.held = snapshot, (self.repeat, step)
         by_name = {self.info[r]["name"]: t for r, t in timings.items()}
         compute = [t["compute_s"] for t in by_name.values()]
         total = max(t["total_s"] for t in by_name.values())

@@ -7,10 +7,10 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from .floor import FLOOR_NAME as FLOOR
 from .records import atomic_write
 from .registry import BASELINE
 
-from .floor import FLOOR_NAME as FLOOR
 COLUMNS = ["strategy", "workers", "samples/s", "CV", "vs baseline", "compute ms", "comm ms", "update ms", "wait ms",
            "sync overhead ms", "vs floor", "test acc", "time to target s", "startup s", "status"]
 

@@ -11,7 +11,7 @@ from . import registry
 from .base import StepTiming, Strategy
 from .clock import cv, median, now
 from .data import Split, cached_mnist
-from .errors import RunFailed, UserError
+from .errors import RunFailed
 from .floor import FLOOR_NAME, measure_floor
 from .gradients import FlatModel, count_parameters
 from .records import RecordFile, environment, redacted

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from .base import Strategy, StepTiming, step_indices
+from .base import StepTiming, Strategy, step_indices
 from .clock import now
 from .data import cached_mnist
 from .devices import configure_threads, resolve_device
