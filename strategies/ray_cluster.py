@@ -16,21 +16,6 @@ QUIET_ENV = {
 }
 
 
-def use_token_auth() -> None:
-    """Token auth on, the same on every node; the token from RAY_AUTH_TOKEN(_PATH) or ~/.ray/auth_token.
-
-    Ray caches its auth settings when first loaded, so a process that imported Ray before this
-    would keep a stale view and fail its own GCS handshake: reload them from the environment.
-    """
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    try:
-        from ray._raylet import AuthenticationTokenLoader, Config
-        Config.initialize("")
-        AuthenticationTokenLoader.instance().reset_cache()
-    except (ImportError, AttributeError):  # another Ray version: its import-time view stands
-        pass
-
-
 class RayConnection:
     """`ray.init` for one strategy; `close()` shuts down exactly what it started and restores the env."""
 
@@ -40,7 +25,6 @@ class RayConnection:
         self.ray = ray
         self.saved_env = {k: os.environ.get(k) for k in (*QUIET_ENV, "RAY_ADDRESS")}
         os.environ.update(QUIET_ENV)
-        use_token_auth()
         cluster = cfg["cluster"]
         quiet = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
                  "configure_logging": True}
@@ -68,8 +52,8 @@ class RayConnection:
 
     def _start_private(self, labels: set[str], quiet: dict) -> None:
         # A fresh instance of our own (address="local", no RAY_ADDRESS): never some other Ray on
-        # this machine. Its token is whatever this process loaded at `import ray` (see __init__.py),
-        # so driver and GCS agree even where ~/.ray holds an old token.
+        # this machine. Auth settings are left as this process had them when it imported Ray
+        # (Ray reads them once, then): changing RAY_AUTH_MODE now would split driver and GCS.
         os.environ.pop("RAY_ADDRESS", None)
         self.temp_dir = tempfile.mkdtemp(prefix="hbray-")
         self.ray.init(address="local", num_cpus=os.cpu_count(), resources={label: 1000.0 for label in labels},

@@ -107,3 +107,17 @@ def test_unreachable_ray_address_is_exit_2_within_bounded_time(tmp_path):
                       "--set", "download=false", "--results-dir", str(tmp_path), timeout=120)
     assert_one_line_error(result, "cannot reach 127.0.0.1:9 within 3 s")
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("old_state", [None, "a-stale-token-from-another-install\n"])
+def test_local_mode_works_on_a_fresh_home_and_over_an_old_ray_token(tmp_path, old_state):
+    home = tmp_path / "home"
+    if old_state is not None:
+        (home / ".ray").mkdir(parents=True)
+        (home / ".ray" / "auth_token").write_text(old_state)
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "strategies=[ray-ps]",
+                      "--set", "steps=2", "--set", "warmup_steps=0", "--set", "repeats=1",
+                      "--set", "floor.enabled=false", "--set", "download=false",
+                      "--results-dir", str(tmp_path / "r"), env={"HOME": str(home)}, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "| ray-ps" in result.stdout and "ok" in result.stdout.split("| ray-ps", 1)[1]

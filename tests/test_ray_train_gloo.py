@@ -14,7 +14,7 @@ from strategies.runner import run
 from strategies.single import Single
 from strategies.workload import build_model
 from tests.conftest import small_config
-from tests.test_ray_ps import UNEQUAL, first_update
+from tests.test_ray_ps import UNEQUAL, first_update, two_nodes  # noqa: F401 (fixture)
 
 
 def _rank(rank: int, port: int, results) -> None:
@@ -69,3 +69,17 @@ def test_learns_and_records_every_rank(tmp_path):
     assert all(w["compute_s"] > 0 for w in record["workers"]) and record["step"]["comm_s"] > 0
     assert len(record["repeat_samples_per_s"]) == 2 and record["startup_s"] > 0
     assert not ray.is_initialized()
+
+
+def test_ranks_play_the_worker_labelled_for_their_node(tmp_path, two_nodes):
+    cluster, mac = two_nodes
+    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}", "steps=1", "warmup_steps=0",
+                       "repeats=1", "workers=[{name: m, node: mac, batch: 8}, {name: d, node: desktop, batch: 16}]")
+    strategy = RayTrainGloo(cfg)
+    try:
+        strategy.start()
+        placed = {w["name"]: (w["node_id"], w["batch"]) for w in strategy.worker_info()}
+    finally:
+        strategy.close()
+    assert placed["m"] == (mac.node_id, 8)
+    assert placed["d"][0] != mac.node_id and placed["d"][1] == 16
