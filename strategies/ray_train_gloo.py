@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
+import time
 import uuid
 
 import ray
@@ -87,23 +88,23 @@ def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> No
     flat.grads.copy_(staging)
 
 
-def my_worker(cfg: dict, rank: int) -> int:
-    """The configured worker this rank plays: ranks on a labelled node take that label's workers."""
-    import torch.distributed as dist
-
-    labels = {k for k, v in ray.get_runtime_context().get_assigned_resources().items()}
-    node = ray.get_runtime_context().get_node_id()
-    node_labels = next((set(n["Resources"]) for n in ray.nodes() if n["NodeID"] == node), set()) | labels
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, sorted(node_labels))
-    free = list(range(len(cfg["workers"])))
-    for r, have in enumerate(everyone):  # the same deterministic assignment on every rank
-        pick = next((i for i in free if cfg["workers"][i]["node"] in have), None)
-        pick = pick if pick is not None else next(i for i in free if not cfg["workers"][i]["node"] or len(free) == 1)
+def assign_ranks(workers: list[dict], labels_by_rank: list[set]) -> list[int]:
+    """Configured worker per rank: the first free one labelled for the rank's node, else the first
+    free unlabelled one, else the first free one. Every rank computes the same list."""
+    free, chosen = list(range(len(workers))), []
+    for labels in labels_by_rank:
+        pick = next((i for i in free if workers[i]["node"] in labels), None)
+        if pick is None:
+            pick = next((i for i in free if not workers[i]["node"]), free[0])
         free.remove(pick)
-        if r == rank:
-            mine = pick
-    return mine
+        chosen.append(pick)
+    return chosen
+
+
+def node_labels() -> list[str]:
+    """The custom resources (placement labels among them) of the node this process runs on."""
+    node = ray.get_runtime_context().get_node_id()
+    return sorted(next((n["Resources"] for n in ray.nodes() if n["NodeID"] == node), {}))
 
 
 def train_loop(config: dict) -> None:
@@ -112,7 +113,9 @@ def train_loop(config: dict) -> None:
 
     cfg, collector, joined = config["cfg"], config["collector"], config["joined"]
     rank = ray.train.get_context().get_world_rank()
-    index = my_worker(cfg, rank)
+    labels_by_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(labels_by_rank, node_labels())
+    index = assign_ranks(cfg["workers"], [set(labels) for labels in labels_by_rank])[rank]
     spec = cfg["workers"][index]
     batches = [w["batch"] for w in cfg["workers"]]
     share = batch_shares(batches)[index]
@@ -138,7 +141,6 @@ def train_loop(config: dict) -> None:
             computed = now(device)
             compute_s = computed - start
             if spec["slowdown"] > 1.0:  # emulated slower device
-                import time
                 time.sleep((spec["slowdown"] - 1.0) * compute_s)
                 compute_s *= spec["slowdown"]
                 computed = now(device)

@@ -25,6 +25,22 @@ def _offline_data(monkeypatch):
         monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
 
 
+@pytest.fixture(scope="module")
+def two_nodes():
+    """A real two-node Ray cluster on this machine: a head, and a node advertising the `mac` label."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"desktop": 1}})
+    mac = cluster.add_node(num_cpus=1, resources={"mac": 1})
+    cluster.wait_for_nodes(timeout=60)
+    yield cluster, mac
+    import ray
+
+    if ray.is_initialized():  # a test that failed before its strategy's close()
+        ray.shutdown()
+    cluster.shutdown()
+
+
 def small_config(tmp_path: Path, *overrides: str) -> dict:
     """A resolved config that downloads nothing and writes under tmp_path."""
     return load_config(None, ["download=false", "test_samples=2000", "eval_samples=500",
@@ -43,3 +59,28 @@ def write_idx(path: Path, array: np.ndarray, magic: int | None = None, gz: bool 
 def fake_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+
+
+def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: str):
+    """Run `single` then `name`, whose step 3 starts by `kill(strategy)`; returns the failure and the
+    records the run kept."""
+    import json
+
+    from strategies.errors import RunFailed
+    from strategies.runner import run
+
+    step = strategy_cls.step
+
+    def step_then_kill(self, n):
+        if n == 3:
+            kill(self)
+        return step(self, n)
+
+    monkeypatch.setattr(strategy_cls, "step", step_then_kill)
+    cfg = small_config(tmp_path, "name=killed", f"strategies=[single, {name}]",
+                       "workers=[{name: big, batch: 40}, {name: small, batch: 24}]", "steps=6", "repeats=1",
+                       "floor.enabled=false")
+    with pytest.raises(RunFailed) as failure:
+        run(cfg)
+    records = json.loads(next((tmp_path / "results" / "raw").glob("*-killed-*.json")).read_text())
+    return str(failure.value), records

@@ -7,22 +7,13 @@ import sys
 import time
 
 import pytest
-import torch
 
 from strategies import dask_sync
-from strategies.errors import RunFailed, UserError
+from strategies.errors import UserError
 from strategies.runner import run
-from strategies.single import Single
-from tests.conftest import small_config
+from tests.conftest import run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
-from tests.test_ray_ps import UNEQUAL, first_update
-
-
-def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path):
-    cfg = small_config(tmp_path, "dropout=0", UNEQUAL)
-    expected = first_update(Single, cfg)
-    got = first_update(dask_sync.DaskSync, cfg)
-    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+from tests.test_equivalence import UNEQUAL
 
 
 def test_learns_with_worker_resident_replicas(tmp_path):
@@ -36,20 +27,13 @@ def test_learns_with_worker_resident_replicas(tmp_path):
 
 
 def test_a_lost_worker_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
-    step = dask_sync.DaskSync.step
+    def kill_second_worker(strategy):
+        address = strategy.addresses[1]
+        os.kill(strategy.client.run(os.getpid, workers=[address])[address], signal.SIGKILL)
 
-    def step_then_kill(self, n):
-        if n == 3:
-            pid = self.client.run(os.getpid, workers=[self.addresses[1]])[self.addresses[1]]
-            os.kill(pid, signal.SIGKILL)
-        return step(self, n)
-
-    monkeypatch.setattr(dask_sync.DaskSync, "step", step_then_kill)
-    cfg = small_config(tmp_path, "name=lost", "strategies=[single, dask-sync]", UNEQUAL, "steps=6", "repeats=1",
-                       "floor.enabled=false")
-    with pytest.raises(RunFailed, match="dask-sync failed while step 3: worker 'small' was lost"):
-        run(cfg)
-    records = json.loads(next((tmp_path / "results" / "raw").glob("*-lost-*.json")).read_text())
+    message, records = run_killing_a_worker(tmp_path, monkeypatch, dask_sync.DaskSync, kill_second_worker,
+                                            "dask-sync")
+    assert message == "dask-sync failed while step 3: worker 'small' was lost"
     assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("dask-sync", "failed")]
 
 

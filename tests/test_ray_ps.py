@@ -4,36 +4,13 @@ import time
 
 import pytest
 import ray
-import torch
-from ray.cluster_utils import Cluster
 
 from strategies import ray_ps
-from strategies.errors import RunFailed, UserError
+from strategies.errors import UserError
 from strategies.runner import run
-from strategies.single import Single
-from tests.conftest import small_config
+from tests.conftest import run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
-
-UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
-
-
-def first_update(strategy_cls, cfg) -> torch.Tensor:
-    strategy = strategy_cls(cfg)
-    try:
-        strategy.start()
-        strategy.reset(cfg["seed"])
-        strategy.step(0)
-        return strategy.weights()
-    finally:
-        strategy.close()
-
-
-def test_first_synchronous_update_equals_the_single_device_step_on_the_union_batch(tmp_path):
-    cfg = small_config(tmp_path, "dropout=0", UNEQUAL)
-    expected = first_update(Single, cfg)
-    got = first_update(ray_ps.RayParameterServer, cfg)
-    assert not ray.is_initialized()  # close() shut our private instance down
-    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+from tests.test_equivalence import UNEQUAL
 
 
 def test_async_learns_and_records_bounded_staleness(tmp_path):
@@ -47,34 +24,12 @@ def test_async_learns_and_records_bounded_staleness(tmp_path):
 
 
 def test_a_worker_that_dies_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
-    step = ray_ps.RayParameterServer.step
-
-    def step_then_kill(self, n):
-        if n == 3:
-            ray.kill(self.workers[1])
-        return step(self, n)
-
-    monkeypatch.setattr(ray_ps.RayParameterServer, "step", step_then_kill)
-    cfg = small_config(tmp_path, "name=dies", "strategies=[single, ray-ps]", UNEQUAL, "steps=6", "repeats=1",
-                       "floor.enabled=false")
-    with pytest.raises(RunFailed, match="ray-ps: worker 'small' died while step 3"):
-        run(cfg)
-    records = json.loads(next((tmp_path / "results" / "raw").glob("*-dies-*.json")).read_text())
+    message, records = run_killing_a_worker(tmp_path, monkeypatch, ray_ps.RayParameterServer,
+                                            lambda strategy: ray.kill(strategy.workers[1]), "ray-ps")
+    assert message == "ray-ps: worker 'small' died while step 3"
     assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("ray-ps", "failed")]
-    assert "| single" in (tmp_path / "results" / "dies.md").read_text()
+    assert "| single" in (tmp_path / "results" / "killed.md").read_text()
     assert not ray.is_initialized()
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    """A real two-node Ray cluster on this machine: a head, and a node advertising the `mac` label."""
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"desktop": 1}})
-    mac = cluster.add_node(num_cpus=1, resources={"mac": 1})
-    cluster.wait_for_nodes(timeout=60)
-    yield cluster, mac
-    if ray.is_initialized():
-        ray.shutdown()
-    cluster.shutdown()
 
 
 def test_worker_labelled_for_the_second_node_runs_there(tmp_path, two_nodes):

@@ -9,12 +9,11 @@ import torch
 
 from strategies.floor import free_port
 from strategies.gradients import FlatModel
-from strategies.ray_train_gloo import RayTrainGloo, staged_allreduce
+from strategies.ray_train_gloo import RayTrainGloo, assign_ranks, staged_allreduce
 from strategies.runner import run
-from strategies.single import Single
 from strategies.workload import build_model
 from tests.conftest import small_config
-from tests.test_ray_ps import UNEQUAL, first_update, two_nodes  # noqa: F401 (fixture)
+from tests.test_equivalence import UNEQUAL
 
 
 def _rank(rank: int, port: int, results) -> None:
@@ -51,14 +50,6 @@ def test_staged_allreduce_applies_the_sample_weighted_rule_across_two_gloo_ranks
         assert abs(low - expected) < 1e-6 and abs(high - expected) < 1e-6 and views_intact
 
 
-def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path):
-    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1")
-    expected = first_update(Single, cfg)
-    got = first_update(RayTrainGloo, cfg)
-    assert not ray.is_initialized()
-    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
-
-
 def test_learns_and_records_every_rank(tmp_path):
     cfg = small_config(tmp_path, "strategies=[ray-train-gloo]", UNEQUAL, "steps=120", "warmup_steps=2",
                        "repeats=2", "eval_every=40", "floor.enabled=false")
@@ -83,3 +74,10 @@ def test_ranks_play_the_worker_labelled_for_their_node(tmp_path, two_nodes):
         strategy.close()
     assert placed["m"] == (mac.node_id, 8)
     assert placed["d"][0] != mac.node_id and placed["d"][1] == 16
+
+
+def test_rank_assignment_follows_node_labels_then_order():
+    workers = [{"node": "mac"}, {"node": None}, {"node": "desktop"}]
+    assert assign_ranks(workers, [{"desktop", "CPU"}, {"mac"}, {"CPU"}]) == [2, 0, 1]
+    assert assign_ranks(workers, [{"mac", "desktop"}] * 3) == [0, 2, 1]  # one node with every label
+    assert assign_ranks([{"node": None}, {"node": None}], [set(), set()]) == [0, 1]

@@ -1,0 +1,33 @@
+"""The update rule, strategy by strategy: with dropout 0 and unequal batches (40 + 24), the first
+synchronous update of every distributed strategy equals one single-device step on the union batch."""
+import pytest
+import ray
+import torch
+
+from strategies.dask_sync import DaskSync
+from strategies.ray_ps import RayParameterServer
+from strategies.ray_train_gloo import RayTrainGloo
+from strategies.single import Single
+from tests.conftest import small_config
+
+UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
+
+
+def first_update(strategy_cls, cfg) -> torch.Tensor:
+    strategy = strategy_cls(cfg)
+    try:
+        strategy.start()
+        strategy.reset(cfg["seed"])
+        strategy.step(0)
+        return strategy.weights()
+    finally:
+        strategy.close()
+
+
+@pytest.mark.parametrize("strategy_cls", [RayParameterServer, RayTrainGloo, DaskSync])
+def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path, strategy_cls):
+    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1")
+    expected = first_update(Single, cfg)
+    got = first_update(strategy_cls, cfg)
+    assert not ray.is_initialized()  # close() shut any private Ray instance down
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
