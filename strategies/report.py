@@ -7,6 +7,7 @@ from pathlib import Path
 
 from tabulate import tabulate
 
+from .errors import UserError
 from .floor import FLOOR_NAME as FLOOR
 from .records import atomic_write
 from .registry import BASELINE
@@ -89,8 +90,12 @@ def to_csv(records: list[dict]) -> str:
 
 def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path, Path]:
     md_path, csv_path = Path(results_dir) / f"{name}.md", Path(results_dir) / f"{name}.csv"
-    atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{LEGEND}\n")
-    atomic_write(csv_path, to_csv(records))
+    try:
+        md_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{LEGEND}\n")
+        atomic_write(csv_path, to_csv(records))
+    except OSError as e:
+        raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
     return md_path, csv_path
 
 

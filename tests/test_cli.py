@@ -94,6 +94,18 @@ def test_report_of_a_missing_or_foreign_file(tmp_path):
     assert_one_line_error(hetbench("report", str(foreign)), "does not hold hetbench records")
 
 
+def test_report_writes_tables_into_a_new_directory_and_refuses_an_unwritable_one(tmp_path):
+    records = tmp_path / "r.json"
+    records.write_text(json.dumps([{"strategy": "single", "status": "ok", "samples_per_s": 10.0, "workers": []}]))
+    result = hetbench("report", str(records), "--name", "again", "--results-dir", str(tmp_path / "new" / "dir"))
+    assert result.returncode == 0 and "| single" in result.stdout
+    assert (tmp_path / "new" / "dir" / "again.md").is_file()
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    result = hetbench("report", str(records), "--name", "again", "--results-dir", str(blocker / "sub"))
+    assert_one_line_error(result, "is not writable")
+
+
 def test_verbose_shows_the_traceback(config):
     result = hetbench("-v", "run", "-c", config("stepps: 1\n"))
     assert result.returncode == 2 and "Traceback" in result.stderr
