@@ -146,17 +146,14 @@ class RayParameterServerAsync(RayParameterServer):
                     self._submit(r)
             waited += now() - parked_at
         total = now() - start
-        last = {w["name"]: (c[-1] if c else 0.0) for w, c in zip(self.info, computes.values())}
-        compute_s = {name: (sum(c) / len(c) if c else last[name]) for name, c in computes.items()}
+        # a worker that finished no batch during this step reports no compute for it
+        compute_s = {name: (sum(c) / len(c) if c else 0.0) for name, c in computes.items()}
         return StepTiming(compute_s, comm_s=max(0.0, total - max(compute_s.values())), wait_s=waited,
                           total_s=total)
 
     def _too_far_ahead(self) -> bool:
         oldest = min((v for _, v, _ in self.in_flight.values()), default=self.version)
         return self.version - oldest > self.cfg["max_staleness"]
-
-    def weights(self) -> torch.Tensor:
-        return torch.from_numpy(ray.get(self.weights_ref).copy())
 
     def record_extras(self) -> dict:
         counts: dict[int, int] = {}

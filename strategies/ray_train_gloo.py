@@ -11,7 +11,6 @@ from __future__ import annotations
 import shutil
 import tempfile
 import threading
-import time
 import uuid
 
 import ray
@@ -21,17 +20,14 @@ from .base import (
     StepTiming,
     Strategy,
     quiet_loggers,
-    step_indices,
-    worker_slice,
     workers_per_host,
 )
 from .clock import now
-from .data import cached_mnist
-from .devices import configure_threads, keep_freed_memory, resolve_device
 from .errors import RunFailed
 from .gradients import FlatModel, batch_shares, from_buffer
 from .ray_cluster import RayConnection
-from .workload import build_model, build_optimizer, forward_backward
+from .roles import Replica
+from .workload import build_optimizer
 
 WAIT_S = 600  # no single step on any device takes this long: past it, something hangs
 
@@ -116,34 +112,22 @@ def train_loop(config: dict) -> None:
     labels_by_rank = [None] * dist.get_world_size()
     dist.all_gather_object(labels_by_rank, node_labels())
     index = assign_ranks(cfg["workers"], [set(labels) for labels in labels_by_rank])[rank]
-    spec = cfg["workers"][index]
-    batches = [w["batch"] for w in cfg["workers"]]
-    share = batch_shares(batches)[index]
-    configure_threads(cfg["threads"], workers_per_host(cfg, spec, joined))
-    keep_freed_memory()
-    device = resolve_device(spec["device"])  # on this rank's own node
-    images, labels = cached_mnist(cfg, announce=False)[0].tensors(device)
-    info = {"name": spec["name"], "device": str(device), "node": spec["node"], "batch": spec["batch"],
-            "slowdown": spec["slowdown"], "rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
-    collector.record.remote(("ready",), rank, info)
+    replica = Replica()  # this rank's worker: device resolved here, on its own node
+    info = replica.setup(cfg, index, workers_per_host(cfg, cfg["workers"][index], joined))
+    collector.record.remote(("ready",), rank, {**info, "rank": rank,
+                                               "node_id": ray.get_runtime_context().get_node_id()})
+    share, device = batch_shares(replica.batches)[index], replica.device
     total = cfg["warmup_steps"] + cfg["steps"]
     for repeat in range(cfg["repeats"]):
-        flat = FlatModel(build_model(cfg["dropout"], cfg["seed"] + repeat).to(device))
+        replica.reset(cfg["seed"] + repeat)
+        flat = replica.flat
         optimizer = build_optimizer(flat.model.parameters(), cfg["optimizer"], cfg["lr"])
         staging = torch.zeros(flat.params.numel())
         for step in range(total):
-            idx = worker_slice(step_indices(len(labels), cfg["batch_size"], cfg["seed"] + repeat, step), batches, index)
-            idx = torch.from_numpy(idx).to(device)
             start = now(device)
             # (1) compute on my own batch
-            flat.zero_grad()
-            forward_backward(flat.model, images[idx], labels[idx])
+            compute_s = replica.local_step(step)
             computed = now(device)
-            compute_s = computed - start
-            if spec["slowdown"] > 1.0:  # emulated slower device
-                time.sleep((spec["slowdown"] - 1.0) * compute_s)
-                compute_s *= spec["slowdown"]
-                computed = now(device)
             # (2) the sample-weighted rule as one all-reduce over gloo
             staged_allreduce(flat, staging, share)
             reduced = now(device)

@@ -39,6 +39,11 @@ class Replica:
     def compute(self, weights, step: int):
         """(2a) load the shared weights, (1) forward+backward on my slice, (2b) hand back my gradient."""
         self.flat.load_params(from_buffer(weights))
+        compute_s = self.local_step(step)
+        return self.flat.grads.to("cpu").numpy(), compute_s
+
+    def local_step(self, step: int) -> float:
+        """(1) forward+backward on my slice of global batch `step` into my flat gradient; its seconds."""
         index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),
                              self.batches, self.rank)
         index = torch.from_numpy(index).to(self.device)
@@ -49,7 +54,7 @@ class Replica:
         if self.spec["slowdown"] > 1.0:  # emulated slower device: the same work takes factor x as long
             time.sleep((self.spec["slowdown"] - 1.0) * compute_s)
             compute_s *= self.spec["slowdown"]
-        return self.flat.grads.to("cpu").numpy(), compute_s
+        return compute_s
 
 
 class ParameterServer:
