@@ -79,9 +79,7 @@ class DaskSync(Strategy):
         # (2b) (3) the sample-weighted rule and the optimizer step, here on the client
         self.weights_now, update_s = self.server.apply(self.shares, *grads)
         total = now() - start
-        compute_s = {w["name"]: c for w, c in zip(self.info, compute)}
-        return StepTiming(compute_s, comm_s=total - max(compute), wait_s=max(compute) - min(compute),
-                          total_s=total, update_s=update_s)
+        return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
 
     def weights(self) -> torch.Tensor:
         return torch.from_numpy(self.weights_now.copy())

@@ -9,10 +9,10 @@ import tempfile
 from .addresses import check_reachable
 from .errors import UserError
 
-QUIET_ENV = {
+RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",         # no usage-stats prompt or network call
-    "RAY_DEDUP_LOGS": "0",
-    "RAY_TRAIN_V2_ENABLED": "1",
+    "RAY_DEDUP_LOGS": "0",                  # worker output is off the terminal anyway (log_to_driver=False)
+    "RAY_TRAIN_V2_ENABLED": "1",            # 2.60's default, pinned: ray-train-gloo is written for V2
 }
 
 
@@ -23,8 +23,8 @@ class RayConnection:
         import ray
 
         self.ray = ray
-        self.saved_env = {k: os.environ.get(k) for k in (*QUIET_ENV, "RAY_ADDRESS")}
-        os.environ.update(QUIET_ENV)
+        self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
+        os.environ.update(RAY_ENV)
         cluster = cfg["cluster"]
         quiet = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
                  "configure_logging": True}

@@ -57,9 +57,7 @@ class RayParameterServer(Strategy):
         # the update's timing is the server's other return: once it is here, so are the new weights
         *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}")
         total = now() - start
-        compute_s = {w["name"]: c for w, c in zip(self.info, compute)}
-        return StepTiming(compute_s, comm_s=total - max(compute), wait_s=max(compute) - min(compute),
-                          total_s=total, update_s=update_s)
+        return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
 
     def weights(self) -> torch.Tensor:
         return torch.from_numpy(ray.get(self.weights_ref).copy())

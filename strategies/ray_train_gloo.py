@@ -209,11 +209,8 @@ class RayTrainGloo(Strategy):
         timings, snapshot = self._wait((self.repeat, step))
         if snapshot is not None:
             self.snapshot, self.held = snapshot, (self.repeat, step)
-        by_name = {self.info[r]["name"]: t for r, t in timings.items()}
-        compute = [t["compute_s"] for t in by_name.values()]
-        total = max(t["total_s"] for t in by_name.values())
-        return StepTiming({n: t["compute_s"] for n, t in by_name.items()},
-                          comm_s=total - max(compute), wait_s=max(compute) - min(compute), total_s=total)
+        compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}
+        return StepTiming.synchronous(compute_s, max(t["total_s"] for t in timings.values()))
 
     def weights(self) -> torch.Tensor:
         return from_buffer(self.snapshot)
