@@ -3,3 +3,10 @@
 Where math runs: devices.py. How gradients move: one module per strategy (single.py is
 the baseline), sharing workload.py, data.py, gradients.py, clock.py and records.py.
 """
+
+import os
+
+# Ray fixes its auth mode when it is imported, and a `ray start` head turns token auth on by
+# default: so every hetbench process (and every cluster it starts) uses token mode unless the
+# user chose otherwise. The token itself is read when joining, so it can come later.
+os.environ.setdefault("RAY_AUTH_MODE", "token")

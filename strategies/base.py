@@ -99,8 +99,9 @@ def worker_slice(indices: np.ndarray, batches: list[int], rank: int) -> np.ndarr
 def workers_per_host(cfg: dict, worker: dict, joined_cluster: bool) -> int:
     """How many training processes share this worker's host (they split its cores).
 
-    Locally all of them; in a joined cluster those placed on the same labelled node.
+    Locally all of them (local-multinode's nodes share one box too); in a joined cluster those
+    placed on the same labelled node.
     """
-    if not joined_cluster:
+    if not joined_cluster or cfg["cluster"]["mode"] == "local-multinode":
         return len(cfg["workers"])
     return sum(1 for w in cfg["workers"] if w["node"] == worker["node"])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import traceback
 
@@ -84,8 +85,13 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every cluster and namespace is stopped on the way out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:

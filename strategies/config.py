@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 from pathlib import Path
 
 import yaml
@@ -26,6 +27,8 @@ DEFAULTS: dict = {
     "lr": 1.0,                     # learning rate for that optimizer
     "dropout": 0.25,               # both dropout layers; 0 makes steps deterministic
     "seed": 0,                     # model init, batch order and synthetic data
+    "balance": ["equal"],          # per-worker batch split, one scenario each: equal | proportional | auto
+    "standalone_steps": 10,        # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
     "max_staleness": 2,            # ray-ps-async: a worker this many versions ahead of the slowest waits
     "threads": 0,                  # torch threads per training process; 0 = host cores / its training processes
     "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
@@ -40,8 +43,11 @@ DEFAULTS: dict = {
         "iterations": 30,          # timed all-reduces (after 5 warm-up ones)
         "timeout_s": 120.0,        # bound on the two processes
     },
+    "link": {                      # link emulation to the non-head nodes of a local-multinode cluster (root)
+        "rate": None,              # e.g. 100mbit, 1gbit (tc tbf, both ways); null = no emulation
+    },
     "cluster": {
-        "mode": "local",           # local: hetbench starts and stops private clusters
+        "mode": "local",           # local: private clusters per strategy; local-multinode: a node per label
         "ray_address": None,       # ray://host:10001 or host:6379 to join an existing cluster
         "dask_scheduler": None,    # tcp://host:8786 to join an existing scheduler
         "connect_timeout_s": 30.0, # bound on joining either
@@ -54,10 +60,14 @@ WORKER_DEFAULTS: dict = {
     "batch": None,      # samples per step; or give every worker a share instead
     "share": None,      # fraction of batch_size; shares sum to 1
     "slowdown": 1.0,    # emulated slowdown factor (1.0 = none)
+    "speed": None,      # relative speed for balance: proportional (default 1 / slowdown)
 }
 NULLABLE = {"name": str, "data_dir": str, "ray_address": str, "dask_scheduler": str,
-            "node": str, "batch": int, "share": float}
-CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local",)}
+            "node": str, "batch": int, "share": float,
+            "rate": str, "speed": float}
+CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local", "local-multinode"),
+           "balance": ("equal", "proportional", "auto")}
+RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 
 
 def load_config(path: str | None, overrides: list[str] = ()) -> dict:
@@ -145,7 +155,7 @@ def _typed(path: str, key: str, value, default):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise UserError(f"config key '{path}' must be {want.__name__}, got {type(value).__name__} {value!r}")
-    if key in CHOICES and value not in CHOICES[key]:
+    if key in CHOICES and any(v not in CHOICES[key] for v in (value if isinstance(value, list) else [value])):
         raise UserError(f"config key '{path}' must be one of {', '.join(CHOICES[key])}, got {value!r}")
     return value
 
@@ -161,13 +171,19 @@ def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads", "test_samples", "max_staleness"):
+    for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise UserError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']}")
     if cfg["lr"] <= 0 or not 0 < cfg["target_accuracy"] <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
+    if cfg["link"]["rate"] is not None and not RATE.match(cfg["link"]["rate"]):
+        raise UserError(f"config key 'link.rate' must look like 100mbit or 1gbit, got {cfg['link']['rate']!r}")
+    if cfg["link"]["rate"] and cfg["cluster"]["mode"] != "local-multinode":
+        raise UserError("link.rate emulates the links of a local-multinode cluster: set cluster.mode local-multinode")
+    if not cfg["balance"]:
+        raise UserError("config key 'balance' must list at least one of equal, proportional, auto")
     if not cfg["strategies"]:
         raise UserError("config key 'strategies' must list at least one strategy")
     names = []
@@ -176,9 +192,16 @@ def validate(cfg: dict) -> None:
         names.append(worker["name"])
         if worker["slowdown"] < 1.0:
             raise UserError(f"worker '{worker['name']}': slowdown must be >= 1.0, got {worker['slowdown']}")
+        if worker["speed"] is not None and worker["speed"] <= 0:
+            raise UserError(f"worker '{worker['name']}': speed must be positive, got {worker['speed']}")
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"duplicate worker name '{duplicates[0]}': worker names must be unique")
+    fixed = any(w["batch"] is not None or w["share"] is not None for w in cfg["workers"])
+    if fixed and set(cfg["balance"]) - {"equal"}:
+        raise UserError("balance proportional/auto sets every worker's batch: remove the workers' batch/share")
+    if "auto" in cfg["balance"] and not cfg["standalone_steps"]:
+        raise UserError("balance auto measures each worker alone first: standalone_steps must be positive")
     batches = worker_batches(cfg)
     for worker, batch in zip(cfg["workers"], batches):  # resolved: records show the split used
         worker["batch"], worker["share"] = batch, None
@@ -222,3 +245,22 @@ def split_batch(total: int, weights: list[float]) -> list[int]:
             parts[j] += step
         i += 1
     return parts
+
+
+def balanced(cfg: dict, balance: str, measured: dict[str, float] | None = None) -> dict:
+    """The config of one balance scenario: every worker's batch set, the global batch unchanged.
+
+    equal: as validated (the configured batches, else an equal split); proportional: by each
+    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`).
+    """
+    out = copy.deepcopy(cfg)
+    out["balance"] = [balance]
+    if balance == "equal":
+        return out
+    if balance == "proportional":
+        speeds = [w["speed"] or 1.0 / w["slowdown"] for w in out["workers"]]
+    else:
+        speeds = [measured[w["name"]] for w in out["workers"]]
+    for worker, batch in zip(out["workers"], split_batch(cfg["batch_size"], speeds)):
+        worker["batch"] = batch
+    return out

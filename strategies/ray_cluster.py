@@ -5,6 +5,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 
 from .addresses import check_reachable
 from .errors import UserError
@@ -42,13 +43,23 @@ class RayConnection:
         except (ConnectionError, RuntimeError) as e:
             self.close()
             raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
-        missing = sorted(label for label in labels if label not in ray.cluster_resources())
-        if missing:
-            have = sorted(k for k in ray.cluster_resources() if not k.startswith("node:") and k not in
-                          ("CPU", "GPU", "memory", "object_store_memory"))
-            self.close()
-            raise UserError(f"no Ray node advertises placement label '{missing[0]}' "
-                            f"(labels in this cluster: {', '.join(have) or 'none'})")
+        self._wait_for_labels(labels, cluster["connect_timeout_s"] if cluster["ray_address"] else 0.0)
+
+    def _wait_for_labels(self, labels: set[str], timeout_s: float) -> None:
+        """Nodes may still be joining (a Mac waking up, a local node starting): wait, bounded, then name the missing."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            have = self.ray.cluster_resources()
+            missing = sorted(label for label in labels if label not in have)
+            if not missing:
+                return
+            if time.monotonic() >= deadline:
+                present = sorted(k for k in have if not k.startswith("node:") and k not in
+                                 ("CPU", "GPU", "memory", "object_store_memory"))
+                self.close()
+                raise UserError(f"no Ray node advertises placement label '{missing[0]}' "
+                                f"(labels in this cluster: {', '.join(present) or 'none'})")
+            time.sleep(0.5)
 
     def _start_private(self, labels: set[str], quiet: dict) -> None:
         # A fresh instance of our own (address="local", no RAY_ADDRESS): never some other Ray on

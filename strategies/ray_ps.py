@@ -20,7 +20,8 @@ from .roles import ParameterServer, Replica
 
 class RayWorker(Replica):
     def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
-        return {**super().setup(cfg, rank, threads_share), "node_id": ray.get_runtime_context().get_node_id()}
+        return {**super().setup(cfg, rank, threads_share), "node_id": ray.get_runtime_context().get_node_id(),
+                "node_ip": ray.util.get_node_ip_address()}
 
 
 STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, something hangs
@@ -70,25 +71,30 @@ class RayParameterServer(Strategy):
             self.cluster.close()
 
     def _get(self, refs: list, doing: str) -> list:
-        """ray.get with errors in one sentence: bad input stays bad input, a dead worker is named."""
-        try:
-            return ray.get(refs, timeout=STEP_TIMEOUT_S)
-        except ray.exceptions.RayTaskError as e:
-            if isinstance(e.cause, UserError):
-                raise UserError(str(e.cause)) from None
-            raise RunFailed(f"{self.name} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
-        except ray.exceptions.RayActorError:
-            raise RunFailed(f"{self.name}: {self._dead_worker()} died while {doing}") from None
-        except ray.exceptions.GetTimeoutError:
-            raise RunFailed(f"{self.name}: no answer from the workers while {doing}") from None
+        return results(refs, doing, self.name, self.workers, self.cfg["workers"])
 
-    def _dead_worker(self) -> str:
-        for actor, spec in zip(self.workers, self.cfg["workers"]):
-            try:
-                ray.get(actor.__ray_ready__.remote(), timeout=5)
-            except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-                return f"worker '{spec['name']}'"
-        return "the parameter server"
+
+def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict]) -> list:
+    """ray.get with errors in one sentence: bad input stays bad input, a dead worker is named."""
+    try:
+        return ray.get(refs, timeout=STEP_TIMEOUT_S)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, UserError):
+            raise UserError(str(e.cause)) from None
+        raise RunFailed(f"{owner} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
+    except ray.exceptions.RayActorError:
+        raise RunFailed(f"{owner}: {_dead_worker(actors, specs)} died while {doing}") from None
+    except ray.exceptions.GetTimeoutError:
+        raise RunFailed(f"{owner}: no answer from the workers while {doing}") from None
+
+
+def _dead_worker(actors: list, specs: list[dict]) -> str:
+    for actor, spec in zip(actors, specs):
+        try:
+            ray.get(actor.__ray_ready__.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return f"worker '{spec['name']}'"
+    return "the parameter server"
 
 
 class RayParameterServerAsync(RayParameterServer):

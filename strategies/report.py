@@ -9,10 +9,11 @@ from tabulate import tabulate
 
 from .errors import UserError
 from .floor import FLOOR_NAME as FLOOR
+from .plots import write_plots
 from .records import atomic_write
 from .registry import BASELINE
 
-COLUMNS = ["strategy", "workers", "samples/s", "CV", "vs baseline", "compute ms", "comm ms", "update ms", "wait ms",
+COLUMNS = ["strategy", "balance", "workers", "samples/s", "CV", "vs baseline", "scaling eff", "compute ms", "comm ms", "update ms", "wait ms",
            "sync overhead ms", "vs floor", "test acc", "time to target s", "startup s", "status"]
 
 
@@ -27,6 +28,9 @@ def _ms(seconds):
 
 
 def _workers(record: dict) -> str:
+    if record["strategy"] == FLOOR:
+        link = (record.get("link") or {}).get("rate")
+        return f"2 processes over an emulated {link} link" if link else "2 local processes"
     return ", ".join(f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
                      + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
                      for w in record.get("workers", []))
@@ -44,10 +48,12 @@ def rows(records: list[dict]) -> list[list]:
             overhead = None
         table.append([
             r["strategy"],
+            r.get("balance"),
             _workers(r),
             r.get("samples_per_s"),
             r.get("samples_per_s_cv", r.get("allreduce_cv")),
             r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
+            r.get("scaling_efficiency"),
             _ms(step.get("compute_s")),
             _ms(step.get("comm_s")),
             _ms(step.get("update_s")) if step.get("update_s") else None,
@@ -66,7 +72,7 @@ def _fmt(value, column: str) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        if column in ("CV", "test acc"):
+        if column in ("CV", "test acc", "scaling eff"):
             return f"{value:.1%}"
         if column.startswith("vs "):
             return f"{value:.2f}x"
@@ -89,10 +95,12 @@ def to_csv(records: list[dict]) -> str:
 
 
 def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path, Path]:
+    """results/<name>.md (with the plots linked) and .csv; the plots themselves beside them."""
     md_path, csv_path = Path(results_dir) / f"{name}.md", Path(results_dir) / f"{name}.csv"
     try:
         md_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{LEGEND}\n")
+        pictures = "".join(f"\n![{p.stem}]({p.name})\n" for p in write_plots(records, results_dir, name))
+        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{LEGEND}\n{pictures}")
         atomic_write(csv_path, to_csv(records))
     except OSError as e:
         raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
@@ -105,6 +113,9 @@ compute / comm / wait: per-step medians of the slowest worker's compute, of movi
 gradients or weights (update: the part of comm a parameter server spends in its optimizer step),
 and of the fastest worker idling for the slowest (ray-ps-async: time a worker was held back by
 max_staleness). sync overhead = step time - slowest compute;
+balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
+speeds measured alone). scaling eff: samples/s over the sum of the workers' samples/s when each
+trains alone on the whole batch in the same run. "(slowed Nx)" marks an emulated slow worker.
 on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
 processes, measured in the same run, and "vs floor" divides by it. time to target: training clock
 (evaluation excluded) until the test accuracy first reached the config's target_accuracy."""

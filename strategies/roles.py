@@ -42,6 +42,22 @@ class Replica:
         compute_s = self.local_step(step)
         return self.flat.grads.to("cpu").numpy(), compute_s
 
+    def alone(self, steps: int, warmup: int) -> float:
+        """This worker training alone on the whole global batch (forward, backward, update): samples/s."""
+        batches, rank = self.batches, self.rank
+        self.batches, self.rank = [self.cfg["batch_size"]], 0  # my slice is now the whole batch
+        try:
+            self.reset(self.cfg["seed"])
+            optimizer = build_optimizer(self.flat.model.parameters(), self.cfg["optimizer"], self.cfg["lr"])
+            for step in range(warmup + steps):
+                if step == warmup:
+                    start = now(self.device)
+                self.local_step(step)
+                optimizer.step()
+            return self.cfg["batch_size"] * steps / (now(self.device) - start)
+        finally:
+            self.batches, self.rank = batches, rank
+
     def local_step(self, step: int) -> float:
         """(1) forward+backward on my slice of global batch `step` into my flat gradient; its seconds."""
         index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),

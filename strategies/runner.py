@@ -10,12 +10,16 @@ from tqdm import tqdm
 from . import registry
 from .base import StepTiming, Strategy
 from .clock import cv, median, now
+from .config import balanced
 from .data import Split, cached_mnist
 from .errors import RunFailed
 from .floor import FLOOR_NAME, measure_floor
 from .gradients import FlatModel, count_parameters
+from .local_cluster import cluster_for_run
 from .records import RecordFile, environment, redacted
+from .registry import BASELINE
 from .report import markdown, write_tables
+from .standalone import measure_standalone
 from .workload import Net, accuracy
 
 log = logging.getLogger(__name__)
@@ -68,8 +72,8 @@ def step_summary(timed: list[StepTiming]) -> dict:
     }
 
 
-def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict) -> dict:
-    base = {"strategy": name, "config": redacted(cfg), "env": env}
+def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalone: dict | None = None) -> dict:
+    base = {"strategy": name, "config": redacted(cfg), "env": env, **scenario(name, cfg)}
     try:
         cls = registry.load(name)
     except ImportError as e:
@@ -93,11 +97,13 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict) -> dict:
         w["samples_per_s"] = w["batch"] / median([t.total_s for t in timed])  # what it delivers in the run
         w["compute_samples_per_s"] = w["batch"] / compute                       # what it could alone
     reached = [r["time_to_target_s"] for r in repeats if r["time_to_target_s"] is not None]
+    samples_per_s = median([r["samples_per_s"] for r in repeats])
     return {
         **base,
         "status": "ok",
         "workers": workers,
-        "samples_per_s": median([r["samples_per_s"] for r in repeats]),
+        "samples_per_s": samples_per_s,
+        **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
         "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],
         "final_accuracy": median([r["final_accuracy"] for r in repeats]),
@@ -110,11 +116,39 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict) -> dict:
     }
 
 
-def run_floor(cfg: dict, env: dict) -> dict:
+def scenario(name: str, cfg: dict) -> dict:
+    """What distinguishes this row: the batch split (baseline: the whole batch on one device)."""
+    if name == BASELINE:
+        return {"balance": None, "split": [cfg["batch_size"]]}
+    return {"balance": cfg["balance"][0], "split": [w["batch"] for w in cfg["workers"]]}
+
+
+def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: dict | None) -> dict:
+    """Scaling efficiency: measured throughput over the sum of the workers' throughputs alone."""
+    if name == BASELINE or not standalone:
+        return {}
+    for w in workers:
+        w["standalone_samples_per_s"] = standalone[w["name"]]
+    return {"standalone_sum_samples_per_s": sum(standalone[w["name"]] for w in workers),
+            "scaling_efficiency": samples_per_s / sum(standalone[w["name"]] for w in workers)}
+
+
+def scenarios(cfg: dict) -> list[tuple[str, str | None]]:
+    """(strategy, balance) in run order: each distributed strategy once per balance, the baseline once."""
+    return [(name, None) if name == BASELINE else (name, balance)
+            for name in cfg["strategies"] for balance in ([None] if name == BASELINE else cfg["balance"])]
+
+
+def wants_standalone(cfg: dict) -> bool:
+    return bool(cfg["standalone_steps"]) and len(cfg["workers"]) > 1 and any(
+        name != BASELINE for name in cfg["strategies"])
+
+
+def run_floor(cfg: dict, env: dict, link=None) -> dict:
     base = {"strategy": FLOOR_NAME, "config": redacted(cfg), "env": env, "workers": []}
     numel = count_parameters(Net())
     try:
-        figures = measure_floor(numel, cfg["floor"]["iterations"], cfg["floor"]["timeout_s"])
+        figures = measure_floor(numel, cfg["floor"]["iterations"], cfg["floor"]["timeout_s"], link)
     except RuntimeError as e:
         return {**base, "status": "failed", "reason": str(e)}
     return {**base, "status": "ok", **figures}
@@ -128,19 +162,26 @@ def run(cfg: dict) -> RecordFile:
     _, test = cached_mnist(cfg)
     evaluate = Evaluator(test, cfg)
     try:
-        for name in cfg["strategies"]:
-            log.info("running %s", name)
-            try:
-                record = run_strategy(name, cfg, evaluate, env)
-            except RunFailed as e:  # keep what failed in the records too, then end the run
-                out.add({"strategy": name, "status": "failed", "reason": str(e), "workers": [],
-                         "config": redacted(cfg), "env": env})
-                raise
-            out.add(record)
-            if record["status"] == "skipped":
-                print(f"skipped {name}: {record['reason']}", file=sys.stderr)
-        if cfg["floor"]["enabled"]:
-            out.add(run_floor(cfg, env))
+        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, link):
+            if cluster_startup_s is not None:
+                print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
+            standalone = measure_standalone(cluster_cfg) if wants_standalone(cluster_cfg) else None
+            for name, balance in scenarios(cluster_cfg):
+                scenario_cfg = cluster_cfg if balance is None else balanced(cluster_cfg, balance, standalone)
+                label = name if balance is None else f"{name} [{balance}]"
+                log.info("running %s", label)
+                try:
+                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone)
+                except RunFailed as e:  # keep what failed in the records too, then end the run
+                    out.add({"strategy": name, "status": "failed", "reason": str(e), "workers": [],
+                             "config": redacted(scenario_cfg), "env": env, **scenario(name, scenario_cfg)})
+                    raise
+                record["cluster_startup_s"] = cluster_startup_s
+                out.add(record)
+                if record["status"] == "skipped":
+                    print(f"skipped {label}: {record['reason']}", file=sys.stderr)
+            if cfg["floor"]["enabled"]:
+                out.add(run_floor(cluster_cfg, env, link))
     finally:
         if out.records:
             write_tables(out.records, cfg["results_dir"], cfg["name"])

@@ -1,6 +1,6 @@
 import pytest
 
-from strategies.config import DEFAULTS, load_config, split_batch
+from strategies.config import DEFAULTS, balanced, load_config, split_batch
 from strategies.errors import UserError
 
 
@@ -71,6 +71,12 @@ def test_equal_split_when_neither_is_given(tmp_path):
     ("dropout: 1.5", "'dropout' must be in"),
     ("strategies: []", "at least one strategy"),
     ("workers: [{slowdown: 0.5}]", "slowdown must be >= 1.0"),
+    ("balance: [equal, fastest]", "'balance' must be one of equal, proportional, auto"),
+    ("balance: auto\nworkers: [{batch: 8}, {batch: 8}]", "remove the workers' batch/share"),
+    ("balance: auto\nstandalone_steps: 0", "standalone_steps must be positive"),
+    ("cluster: {mode: cloud}", "'cluster.mode' must be one of local, local-multinode"),
+    ("link: {rate: 100mbit}", "set cluster.mode local-multinode"),
+    ("workers: [{speed: 0}]", "speed must be positive"),
     ("- a\n- b", "must be a mapping"),
 ])
 def test_bad_values_are_one_sentence(tmp_path, text, message):
@@ -91,3 +97,13 @@ def test_set_reaches_into_worker_lists(tmp_path):
 def test_split_batch_sums_exactly_and_gives_everyone_at_least_one(total, weights):
     parts = split_batch(total, weights)
     assert sum(parts) == total and min(parts) >= 1 and len(parts) == len(weights)
+
+
+def test_balanced_splits_keep_the_global_batch_and_follow_speed():
+    cfg = load_config(None, ["batch_size=256", "balance=[equal, proportional, auto]",
+                             "workers=[{name: fast}, {name: slow, slowdown: 3}, {name: odd, speed: 0.5}]"])
+    assert [w["batch"] for w in balanced(cfg, "equal")["workers"]] == [86, 85, 85]
+    assert [w["batch"] for w in balanced(cfg, "proportional")["workers"]] == [140, 46, 70]  # 1 : 1/3 : 0.5 of 256
+    auto = balanced(cfg, "auto", {"fast": 900.0, "slow": 300.0, "odd": 300.0})
+    assert [w["batch"] for w in auto["workers"]] == [154, 51, 51] and auto["balance"] == ["auto"]
+    assert cfg["balance"] == ["equal", "proportional", "auto"]  # the run's config is left as it was

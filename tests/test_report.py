@@ -3,7 +3,7 @@ import io
 import json
 
 from strategies.records import RecordFile, read_records, redacted
-from strategies.report import markdown, rows, to_csv, write_tables
+from strategies.report import COLUMNS, markdown, rows, to_csv, write_tables
 
 
 def record(strategy, samples_per_s=None, **extra):
@@ -22,13 +22,13 @@ KNOWN = [
 
 
 def test_baseline_first_then_floor_with_relative_columns():
-    table = rows(KNOWN)
-    assert [r[0] for r in table] == ["single", "gloo-floor", "ray-ps", "dask-sync"]
+    table = [dict(zip(COLUMNS, r)) for r in rows(KNOWN)]
+    assert [r["strategy"] for r in table] == ["single", "gloo-floor", "ray-ps", "dask-sync"]
     single, floor, ps, skipped = table
-    assert single[4] == 1.0 and ps[4] == 0.5           # vs baseline
-    assert floor[9] == 5.0 and floor[10] == 1.0          # the floor is 1x itself
-    assert abs(ps[9] - 10.0) < 1e-9 and abs(ps[10] - 2.0) < 1e-9  # 10 ms overhead = 2x a 5 ms floor
-    assert skipped[-1] == "skipped: not installed"
+    assert single["vs baseline"] == 1.0 and ps["vs baseline"] == 0.5
+    assert floor["sync overhead ms"] == 5.0 and floor["vs floor"] == 1.0  # the floor is 1x itself
+    assert abs(ps["sync overhead ms"] - 10.0) < 1e-9 and abs(ps["vs floor"] - 2.0) < 1e-9  # 10 ms = 2x a 5 ms floor
+    assert skipped["status"] == "skipped: not installed"
 
 
 def test_markdown_and_csv_render_the_same_rows():

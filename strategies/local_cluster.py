@@ -1,0 +1,194 @@
+"""`cluster.mode: local-multinode`: unequal machines on one box.
+
+A Ray head plus one `ray start --address` node per further placement label, each advertising
+its label as a custom resource, and one Dask worker per configured worker carrying its
+worker's label as a Dask resource. Placement then works as on real machines. With
+`link.rate`, every non-head node (its Ray node and its Dask workers) lives in its own network
+namespace behind a shaped veth pair (netns.py). Everything is started as our own child
+processes and stopped by PID, never by name.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+
+from .addresses import check_reachable
+from .errors import UserError
+from .floor import free_port
+from .netns import Link, check_can_emulate
+from .processes import stop_trees
+from .ray_cluster import RAY_ENV
+
+log = logging.getLogger(__name__)
+HOST_IP = "127.0.0.1"
+
+
+def node_labels(cfg: dict) -> list[str]:
+    """Placement labels in worker order; the first is the head node's."""
+    labels = list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
+    if not labels:
+        raise UserError("cluster.mode local-multinode needs workers with a 'node' placement label "
+                        "(e.g. node: desktop, node: mac)")
+    return labels
+
+
+class LocalMultinode:
+    """Start with `start()`, stop with `stop()` (idempotent, on every exit path)."""
+
+    def __init__(self, cfg: dict) -> None:
+        self.cfg, self.labels = cfg, node_labels(cfg)
+        self.procs: list[subprocess.Popen] = []
+        self.links: dict[str, Link] = {}
+        self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
+        # Token auth on, with a fresh token for this cluster only; the driver joins with it too.
+        self.env = {**os.environ, **RAY_ENV, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+                    "RAY_AUTH_TOKEN": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+        self.env.pop("RAY_ADDRESS", None)
+
+    def start(self) -> dict:
+        """Bring the nodes up; returns the cluster addresses strategies join."""
+        try:
+            rate = self.cfg["link"]["rate"]
+            if rate:
+                check_can_emulate()
+                tag = f"{os.getpid() % 100000}"
+                self.links = {label: Link(i, rate, tag) for i, label in enumerate(self.labels[1:])}
+            head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
+            ray_port, dask_port = free_port(), free_port()
+            self.ray_address = f"{head_ip}:{ray_port}"
+            self.dask_scheduler = f"tcp://{head_ip}:{dask_port}"
+            self._ray_node(self.labels[0], ["--head", f"--port={ray_port}", f"--node-ip-address={head_ip}",
+                                            f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
+                                            "--disable-usage-stats"])
+            self._wait_listening(self.ray_address, "the Ray head")
+            for label in self.labels[1:]:
+                self._ray_node(label, [f"--address={self.ray_address}",
+                                       f"--node-ip-address={self.links[label].ns_ip if label in self.links else head_ip}"])
+            self._spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", head_ip,
+                         "--port", str(dask_port), "--no-dashboard"], "dask-scheduler")
+            self._wait_listening(self.dask_scheduler, "the Dask scheduler")
+            for w in self.cfg["workers"]:
+                self._dask_worker(w)
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return {"ray_address": self.ray_address, "dask_scheduler": self.dask_scheduler,
+                "token": self.env["RAY_AUTH_TOKEN"]}
+
+    def _prefix(self, label: str | None) -> list[str]:
+        return self.links[label].prefix() if label in self.links else []
+
+    def _env(self, label: str | None) -> dict:
+        """The cluster's environment; behind a link, gloo told which interface is its end of it."""
+        if label in self.links:
+            return {**self.env, **self.links[label].gloo_env(inside=True)}
+        if self.links and label == self.labels[0]:  # the head: the host end (one link per gloo peer)
+            return {**self.env, **next(iter(self.links.values())).gloo_env(inside=False)}
+        return self.env
+
+    def _spawn(self, argv: list[str], what: str, label: str | None = None) -> None:
+        log_file = open(os.path.join(self.temp_dir, f"{what}.log"), "ab")
+        self.procs.append(subprocess.Popen(argv, env=self._env(label), stdout=log_file, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, start_new_session=True))
+        log_file.close()
+        log.info("started %s (pid %d): %s", what, self.procs[-1].pid, " ".join(argv))
+
+    def _ray_node(self, label: str, args: list[str]) -> None:
+        ray = os.path.join(os.path.dirname(sys.executable), "ray")
+        # every node takes all cores: on one box the emulated machines share them, as the workers' threads do
+        self._spawn([*self._prefix(label), ray, "start", "--block", f"--num-cpus={os.cpu_count()}",
+                     f"--resources={json.dumps({label: 1000})}", f"--labels={json.dumps({'hetbench-node': label})}",
+                     *args], f"ray-{label}", label)
+
+    def _dask_worker(self, worker: dict) -> None:
+        label = worker["node"]
+        host = self.links[label].ns_ip if label in self.links else self.dask_scheduler.split("//")[1].split(":")[0]
+        resources = f"{label}=1" if label else ""
+        self._spawn([*self._prefix(label), sys.executable, "-m", "distributed.cli.dask_worker", self.dask_scheduler,
+                     "--nthreads", "1", "--no-nanny", "--name", worker["name"], "--host", host,
+                     "--no-dashboard", "--memory-limit", "0", *(["--resources", resources] if resources else [])],
+                    f"dask-{worker['name']}", label)
+
+    def _wait_listening(self, address: str, what: str) -> None:
+        deadline = time.monotonic() + self.cfg["cluster"]["connect_timeout_s"]
+        while True:
+            self._check_alive()
+            try:
+                check_reachable(address, 1.0)
+                return
+            except UserError:
+                if time.monotonic() > deadline:
+                    raise UserError(f"local-multinode: {what} did not listen at {address} within "
+                                    f"{self.cfg['cluster']['connect_timeout_s']:g} s (logs: {self.temp_dir})") from None
+                time.sleep(0.2)
+
+    def _wait_ready(self) -> None:
+        """Every Dask worker joined (Ray nodes are waited for by whoever joins: RayConnection), or who is missing."""
+        from distributed import Client
+
+        timeout = self.cfg["cluster"]["connect_timeout_s"]
+        deadline = time.monotonic() + timeout
+        with Client(self.dask_scheduler, timeout=timeout) as client:
+            expected = {w["name"] for w in self.cfg["workers"]}
+            while True:
+                self._check_alive()
+                missing = sorted(expected - {w["name"] for w in client.scheduler_info()["workers"].values()})
+                if not missing:
+                    return
+                if time.monotonic() > deadline:
+                    raise UserError(f"local-multinode: Dask worker '{missing[0]}' did not join within {timeout:g} s "
+                                    f"(logs: {self.temp_dir})")
+                time.sleep(0.3)
+
+    def _check_alive(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is not None:
+                raise UserError(f"local-multinode: '{' '.join(proc.args[:4])} ...' exited with {proc.returncode} "
+                                f"while starting (logs: {self.temp_dir})")
+
+    def stop(self) -> None:
+        stop_trees(list(reversed(self.procs)))
+        self.procs = []
+        for link in self.links.values():
+            link.close()
+        self.links = {}
+        if self.temp_dir and not log.isEnabledFor(logging.INFO):
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
+
+
+@contextmanager
+def cluster_for_run(cfg: dict):
+    """(the config strategies run with, cluster startup seconds, the emulated link or None).
+
+    A local-multinode cluster lives exactly as long as the `with` block, and its token only in
+    this process's environment meanwhile."""
+    if cfg["cluster"]["mode"] != "local-multinode":
+        yield cfg, None, None
+        return
+    cluster = LocalMultinode(cfg)
+    saved_token = os.environ.get("RAY_AUTH_TOKEN")
+    try:
+        started = time.perf_counter()
+        addresses = cluster.start()
+        startup_s = time.perf_counter() - started
+        os.environ["RAY_AUTH_TOKEN"] = addresses["token"]
+        joined = copy.deepcopy(cfg)
+        joined["cluster"].update(ray_address=addresses["ray_address"], dask_scheduler=addresses["dask_scheduler"])
+        yield joined, startup_s, next(iter(cluster.links.values()), None)
+    finally:
+        cluster.stop()
+        if saved_token is None:
+            os.environ.pop("RAY_AUTH_TOKEN", None)
+        else:
+            os.environ["RAY_AUTH_TOKEN"] = saved_token

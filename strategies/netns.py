@@ -1,0 +1,74 @@
+"""Link emulation: a network namespace per emulated remote machine, joined to this host by a shaped veth pair.
+
+`tc tbf` caps the rate both ways. This kernel has no netem, so there is no delay or loss
+emulation: a link here is a bandwidth limit on top of loopback-like latency. Traffic only ever
+goes to the two addresses of each pair, which this module creates and removes.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+from .errors import UserError
+
+SUBNET = "10.231"  # link i: host side 10.231.i.1, namespace side 10.231.i.2 (/30)
+
+
+def check_can_emulate() -> None:
+    if os.geteuid() != 0:
+        raise UserError("link emulation (link.rate) needs root for network namespaces and tc; "
+                        "run as root or set link.rate to null")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise UserError(f"link emulation needs the '{missing[0]}' command (iproute2), which is not installed")
+
+
+def _run(*argv: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise UserError(f"link emulation: '{' '.join(argv)}' failed: {done.stderr.strip() or done.returncode}")
+
+
+class Link:
+    """One shaped veth pair: `host_ip` here, `ns_ip` inside namespace `name`; `close()` removes both."""
+
+    def __init__(self, index: int, rate: str, tag: str) -> None:
+        self.name = f"hb{tag}n{index}"
+        self.host_dev, self.ns_dev = f"hb{tag}h{index}", f"hb{tag}p{index}"
+        ns_dev = self.ns_dev
+        self.host_ip, self.ns_ip = f"{SUBNET}.{index}.1", f"{SUBNET}.{index}.2"
+        self.rate = rate
+        self.created = False
+        try:
+            _run("ip", "netns", "add", self.name)
+            self.created = True
+            _run("ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", ns_dev)
+            _run("ip", "link", "set", ns_dev, "netns", self.name)
+            _run("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_dev)
+            _run("ip", "link", "set", self.host_dev, "up")
+            inside = ("ip", "netns", "exec", self.name)
+            _run(*inside, "ip", "addr", "add", f"{self.ns_ip}/30", "dev", ns_dev)
+            _run(*inside, "ip", "link", "set", ns_dev, "up")
+            _run(*inside, "ip", "link", "set", "lo", "up")
+            # the same cap each way: host -> namespace on the host end, namespace -> host inside
+            shape = ("root", "tbf", "rate", rate, "burst", "64kb", "latency", "50ms")
+            _run("tc", "qdisc", "add", "dev", self.host_dev, *shape)
+            _run(*inside, "tc", "qdisc", "add", "dev", ns_dev, *shape)
+        except BaseException:
+            self.close()
+            raise
+
+    def prefix(self) -> list[str]:
+        """The command prefix that runs a process inside this namespace."""
+        return ["ip", "netns", "exec", self.name]
+
+    def gloo_env(self, inside: bool) -> dict:
+        """gloo picks its interface from the host name, which resolves outside the namespace:
+        name the link's own end instead, on each side."""
+        return {"GLOO_SOCKET_IFNAME": self.ns_dev if inside else self.host_dev}
+
+    def close(self) -> None:
+        if self.created:  # deleting the namespace removes the veth pair with it
+            subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)
+            self.created = False

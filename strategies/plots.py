@@ -1,0 +1,108 @@
+"""The pictures beside the tables: throughput, where each step's time goes, accuracy against time.
+
+Each is readable without the table: titled, axes labelled with units, the baseline marked, and
+emulated slow workers or links named in the title.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .floor import FLOOR_NAME
+from .records import atomic_write_bytes
+from .registry import BASELINE
+
+
+def label(record: dict) -> str:
+    return record["strategy"] + (f" [{record['balance']}]" if record.get("balance") else "")
+
+
+def emulated(records: list[dict]) -> str:
+    """What was emulated in these records, for titles: slowed workers and the link."""
+    slowed = sorted({f"{w['name']} slowed {w['slowdown']:g}x" for r in records for w in r.get("workers", [])
+                     if w.get("slowdown", 1.0) > 1.0})
+    links = sorted({(r.get("link") or {}).get("rate") for r in records} - {None})
+    parts = slowed + [f"{rate} link" for rate in links]
+    return f" (emulated: {', '.join(parts)})" if parts else ""
+
+
+def write_plots(records: list[dict], results_dir: str, name: str) -> list[Path]:
+    """PNG files under results_dir; none when no record has figures to plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    trained = [r for r in records if r.get("status") == "ok" and r.get("samples_per_s")]
+    if not trained:
+        return []
+    trained.sort(key=lambda r: r["strategy"] != BASELINE)
+    note = emulated(records)
+    paths = []
+    for suffix, draw in (("throughput", _throughput), ("step", _step_breakdown), ("accuracy", _accuracy)):
+        fig, ax = plt.subplots(figsize=(9, 4.8), layout="constrained")
+        draw(ax, trained, records)
+        ax.set_title(ax.get_title() + note, fontsize=10)
+        path = Path(results_dir) / f"{name}-{suffix}.png"
+        atomic_write_bytes(path, _png(fig))
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _png(fig) -> bytes:
+    import io
+
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=110)
+    return out.getvalue()
+
+
+def _throughput(ax, trained: list[dict], records: list[dict]) -> None:
+    labels = [label(r) for r in trained]
+    values = [r["samples_per_s"] for r in trained]
+    colors = ["0.55" if r["strategy"] == BASELINE else "tab:blue" for r in trained]
+    bars = ax.barh(labels, values, color=colors)
+    for bar, r in zip(bars, trained):
+        eff = r.get("scaling_efficiency")
+        ax.annotate(f" {r['samples_per_s']:,.0f}" + (f"  ({eff:.0%} of the workers alone)" if eff else ""),
+                    (bar.get_width(), bar.get_y() + bar.get_height() / 2), va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("training throughput, samples/s (median over repeats; higher is better)")
+    ax.set_xlim(0, max(values) * 1.45)
+    ax.set_title("Throughput per strategy and batch split (grey: single-device baseline)")
+
+
+def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
+    labels = [label(r) for r in trained]
+    steps = [r.get("step") or {} for r in trained]
+    # the fastest worker computes, then waits for the slowest, then all move gradients/weights:
+    # so the three segments add up to the step time
+    parts = (("compute (fastest worker)", "tab:green", [s.get("compute_s", 0) - s.get("wait_s", 0) for s in steps]),
+             ("waiting for the slowest worker", "tab:red", [s.get("wait_s", 0) for s in steps]),
+             ("comm (moving, combining)", "tab:orange", [s.get("comm_s", 0) for s in steps]))
+    left = [0.0] * len(trained)
+    for name, color, seconds in parts:
+        widths = [max(0.0, x) * 1000 for x in seconds]
+        ax.barh(labels, widths, left=left, color=color, label=name)
+        left = [a + b for a, b in zip(left, widths)]
+    floor = next((r for r in records if r["strategy"] == FLOOR_NAME and r.get("allreduce_s")), None)
+    if floor:
+        ax.axvline(floor["allreduce_s"] * 1000, color="k", linestyle=":", label="gloo-floor all-reduce")
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per global step (medians)")
+    ax.legend(loc="lower right", fontsize=8)
+    ax.set_title("Where each step's time goes")
+
+
+def _accuracy(ax, trained: list[dict], records: list[dict]) -> None:
+    for r in trained:
+        curve = r.get("accuracy_curve") or []
+        ax.plot([p["train_s"] for p in curve], [p["accuracy"] for p in curve], marker="o", markersize=3,
+                label=label(r), color="0.4" if r["strategy"] == BASELINE else None)
+    target = next((r.get("target_accuracy") for r in trained if r.get("target_accuracy")), None)
+    if target:
+        ax.axhline(target, color="k", linestyle=":", label=f"target {target:.0%}")
+    ax.set_xlabel("training clock, s (evaluation excluded; first repeat)")
+    ax.set_ylabel("test accuracy")
+    ax.legend(fontsize=8)
+    ax.set_title("Test accuracy against training time")

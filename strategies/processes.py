@@ -1,0 +1,63 @@
+"""Starting and stopping the processes hetbench owns: by PID, with their whole trees, within bounded time."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def children_of() -> dict[int, list[int]]:
+    """Parent PID -> child PIDs, from /proc (Linux: where local clusters run)."""
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it. Ray's workers leave the process group, so the tree it is."""
+    tree, found, todo = children_of(), [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(tree.get(p, []))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0] != "Z"  # a zombie has exited; only its parent's wait is missing
+    except OSError:
+        return False
+
+
+def stop_trees(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
+    """SIGTERM each process and its descendants, SIGKILL what is left after `grace_s`, reap."""
+    pids = [p for proc in procs for p in descendants(proc.pid)]
+    _signal(pids, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        for proc in procs:
+            proc.poll()
+        time.sleep(0.1)
+    _signal([p for p in pids if alive(p)], signal.SIGKILL)
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass

@@ -1,0 +1,154 @@
+"""Unequal machines on one box: a real multi-node Ray + Dask cluster, placement by label, slow workers,
+speed-proportional batches, link emulation, and nothing left running afterwards."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from strategies.errors import UserError
+from tests.conftest import REPO
+from tests.test_cli import assert_one_line_error, hetbench
+
+UNEQUAL = ["--set", "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3}]",
+           "--set", "cluster.mode=local-multinode", "--set", "batch_size=96", "--set", "steps=4",
+           "--set", "warmup_steps=1", "--set", "repeats=1", "--set", "eval_every=5", "--set", "standalone_steps=2",
+           "--set", "download=false", "--set", "test_samples=300", "--set", "eval_samples=300",
+           "--set", "floor.iterations=5"]
+
+
+def records_of(results: Path) -> list[dict]:
+    """The run's records so far ([] before the first: the file is reserved empty)."""
+    files = list((results / "raw").glob("*.json")) if (results / "raw").is_dir() else []
+    text = files[0].read_text() if files else ""
+    return json.loads(text) if text else []
+
+
+def processes_mentioning(*needles: str) -> list[str]:
+    """Command lines of live processes naming any of `needles` (cluster addresses, temp dirs)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if any(n in text for n in needles) and str(os.getpid()) != cmdline.parent.name:
+            found.append(text)
+    return found
+
+
+def cluster_addresses(records: list[dict]) -> list[str]:
+    cluster = records[0]["config"]["cluster"]
+    return [cluster["ray_address"], cluster["dask_scheduler"].split("//")[1]]
+
+
+def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_nothing_is_left(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL,
+                      "--set", "strategies=[single, ray-ps, dask-sync]", "--set", "balance=[equal, auto]",
+                      "--results-dir", str(tmp_path), timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(tmp_path)
+    by_scenario = {(r["strategy"], r.get("balance")): r for r in records}
+    assert set(by_scenario) == {("single", None), ("ray-ps", "equal"), ("ray-ps", "auto"), ("dask-sync", "equal"),
+                                ("dask-sync", "auto"), ("gloo-floor", None)}
+    assert all(r["status"] == "ok" for r in records)
+    ps = by_scenario[("ray-ps", "equal")]["workers"]
+    assert ps[0]["node_id"] != ps[1]["node_id"]                      # two Ray nodes, one per label
+    dask = by_scenario[("dask-sync", "equal")]["workers"]
+    assert dask[0]["dask_worker"] != dask[1]["dask_worker"]
+    auto = by_scenario[("ray-ps", "auto")]
+    standalone = {w["name"]: w["standalone_samples_per_s"] for w in auto["workers"]}
+    assert standalone["desk"] > standalone["mac"]                   # the emulated 3x slowdown is real
+    assert sum(auto["split"]) == 96 and auto["split"][0] > auto["split"][1]
+    assert by_scenario[("ray-ps", "equal")]["split"] == [48, 48]
+    assert 0 < auto["scaling_efficiency"] == pytest.approx(auto["samples_per_s"] / sum(standalone.values()))
+    md = (tmp_path / "quick.md").read_text()
+    assert "| ray-ps" in md and "auto" in md and "(slowed 3x)" in md and "![quick-throughput]" in md
+    for plot in ("throughput", "step", "accuracy"):
+        assert (tmp_path / f"quick-{plot}.png").read_bytes()[:4] == b"\x89PNG"
+    assert processes_mentioning(*cluster_addresses(records)) == []
+
+
+def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "strategies", "run", "-c", "benchmarks/configs/quick.yaml",
+                             *UNEQUAL, "--set", "strategies=[single, dask-sync]", "--set", "steps=400",
+                             "--set", "standalone_steps=0", "--results-dir", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and not records_of(tmp_path):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.5)
+        time.sleep(3)  # dask-sync is running now
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "interrupted" in err and "Traceback" not in err
+    records = records_of(tmp_path)
+    assert records[0]["strategy"] == "single" and records[0]["status"] == "ok"
+    assert processes_mentioning(*cluster_addresses(records)) == []
+
+
+def test_local_multinode_needs_placement_labels(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "cluster.mode=local-multinode",
+                      "--set", "strategies=[ray-ps]", "--results-dir", str(tmp_path))
+    assert_one_line_error(result, "needs workers with a 'node' placement label")
+
+
+def test_link_emulation_without_root_is_one_clear_sentence(monkeypatch):
+    from strategies import netns
+
+    monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
+    with pytest.raises(UserError, match="link emulation .* needs root"):
+        netns.check_can_emulate()
+
+
+def test_link_rate_is_checked_before_anything_starts(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "link.rate=fast",
+                      "--results-dir", str(tmp_path))
+    assert_one_line_error(result, "'link.rate' must look like 100mbit")
+
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs root (network namespaces, tc)")
+
+
+@needs_root
+def test_an_emulated_link_caps_the_rate_and_is_removed():
+    from strategies.floor import measure_floor
+    from strategies.netns import Link
+
+    link = Link(7, "20mbit", "t")
+    try:
+        figures = measure_floor(250_000, 3, 60.0, link)  # 1 MB each way per all-reduce
+    finally:
+        link.close()
+    # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there
+    assert figures["allreduce_s"] > 0.3 and figures["link"] == {"rate": "20mbit"}
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert link.name not in names
+
+
+@needs_root
+def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "link.rate=200mbit",
+                      "--set", "strategies=[ray-ps, dask-sync]", "--set", "standalone_steps=0",
+                      "--results-dir", str(tmp_path), timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(tmp_path)
+    assert [r["status"] for r in records] == ["ok", "ok", "ok"]
+    ps, dask, floor = records
+    # the head listens on the host end of the veth pair, the mac node inside its namespace
+    assert (ps["workers"][0]["node_ip"], ps["workers"][1]["node_ip"]) == ("10.231.0.1", "10.231.0.2")
+    assert dask["workers"][1]["dask_worker"].startswith("tcp://10.231.0.2:")
+    assert floor["link"] == {"rate": "200mbit"}
+    assert "200mbit" in (tmp_path / "quick.md").read_text()
+    assert processes_mentioning(*cluster_addresses(records)) == []
+    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+    assert "hb" not in names
