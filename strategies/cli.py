@@ -1,4 +1,4 @@
-"""`hetbench`: run, report, devices, strategies. Bad input: one line on stderr, exit 2 (-v: traceback)."""
+"""`hetbench`: run, report, worker, devices, strategies. Bad input: one line on stderr, exit 2 (-v: traceback)."""
 from __future__ import annotations
 
 import argparse
@@ -41,6 +41,12 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_worker(args) -> int:
+    from .worker import run_worker
+
+    return run_worker(args.head, args.label, args.name or args.label, args.ray_port, args.dask_port, args.timeout)
+
+
 def cmd_devices(args) -> int:
     from .devices import available_devices, describe, resolve_device
 
@@ -77,6 +83,16 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")
     report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
     report.set_defaults(func=cmd_report)
+
+    worker = sub.add_parser("worker", formatter_class=fmt,
+                            help="join a head's Ray and Dask as a labelled node (the Mac's one command)")
+    worker.add_argument("--head", required=True, help="the head's address as this machine reaches it")
+    worker.add_argument("--label", default="mac", help="placement label this node advertises")
+    worker.add_argument("--name", default=None, help="Dask worker name (default: the label)")
+    worker.add_argument("--ray-port", type=int, default=6379, help="the head's Ray (GCS) port")
+    worker.add_argument("--dask-port", type=int, default=8786, help="the head's Dask scheduler port")
+    worker.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the head to answer")
+    worker.set_defaults(func=cmd_worker)
 
     devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")
     devices.set_defaults(func=cmd_devices)

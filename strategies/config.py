@@ -51,6 +51,8 @@ DEFAULTS: dict = {
         "ray_address": None,       # ray://host:10001 or host:6379 to join an existing cluster
         "dask_scheduler": None,    # tcp://host:8786 to join an existing scheduler
         "connect_timeout_s": 30.0, # bound on joining either
+        "wait_for_workers_s": 0.0, # joined: wait this long for every worker's node to join (0 = no wait)
+        "allow_missing": False,    # joined: after that wait, run without workers whose node is missing
     },
 }
 WORKER_DEFAULTS: dict = {

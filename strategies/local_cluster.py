@@ -10,7 +10,6 @@ processes and stopped by PID, never by name.
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import os
 import secrets
@@ -25,6 +24,7 @@ from .addresses import check_reachable
 from .errors import UserError
 from .floor import free_port
 from .netns import Link, check_can_emulate
+from .nodes import dask_worker_argv, ray_node_argv
 from .processes import stop_trees
 from .ray_cluster import RAY_ENV
 
@@ -104,19 +104,13 @@ class LocalMultinode:
         log.info("started %s (pid %d): %s", what, self.procs[-1].pid, " ".join(argv))
 
     def _ray_node(self, label: str, args: list[str]) -> None:
-        ray = os.path.join(os.path.dirname(sys.executable), "ray")
         # every node takes all cores: on one box the emulated machines share them, as the workers' threads do
-        self._spawn([*self._prefix(label), ray, "start", "--block", f"--num-cpus={os.cpu_count()}",
-                     f"--resources={json.dumps({label: 1000})}", f"--labels={json.dumps({'hetbench-node': label})}",
-                     *args], f"ray-{label}", label)
+        self._spawn([*self._prefix(label), *ray_node_argv(label, *args)], f"ray-{label}", label)
 
     def _dask_worker(self, worker: dict) -> None:
         label = worker["node"]
         host = self.links[label].ns_ip if label in self.links else self.dask_scheduler.split("//")[1].split(":")[0]
-        resources = f"{label}=1" if label else ""
-        self._spawn([*self._prefix(label), sys.executable, "-m", "distributed.cli.dask_worker", self.dask_scheduler,
-                     "--nthreads", "1", "--no-nanny", "--name", worker["name"], "--host", host,
-                     "--no-dashboard", "--memory-limit", "0", *(["--resources", resources] if resources else [])],
+        self._spawn([*self._prefix(label), *dask_worker_argv(self.dask_scheduler, worker["name"], label, host)],
                     f"dask-{worker['name']}", label)
 
     def _wait_listening(self, address: str, what: str) -> None:
@@ -184,7 +178,8 @@ def cluster_for_run(cfg: dict):
         startup_s = time.perf_counter() - started
         os.environ["RAY_AUTH_TOKEN"] = addresses["token"]
         joined = copy.deepcopy(cfg)
-        joined["cluster"].update(ray_address=addresses["ray_address"], dask_scheduler=addresses["dask_scheduler"])
+        joined["cluster"].update(ray_address=addresses["ray_address"], dask_scheduler=addresses["dask_scheduler"],
+                                 wait_for_workers_s=cfg["cluster"]["connect_timeout_s"])  # nodes still registering
         yield joined, startup_s, next(iter(cluster.links.values()), None)
     finally:
         cluster.stop()

@@ -131,8 +131,9 @@ def train_loop(config: dict) -> None:
             # (2) the sample-weighted rule as one all-reduce over gloo
             staged_allreduce(flat, staging, share)
             reduced = now(device)
-            # (3) the same optimizer step on every rank
+            # (3) the same optimizer step on every rank (an emulated slow device is slow here too)
             optimizer.step()
+            replica.emulate(now(device) - reduced)
             end = now(device)
             evaluated = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
             # a rank's own work is its compute, as on one device: forward, backward and its update

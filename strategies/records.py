@@ -86,6 +86,11 @@ class RecordFile:
         self.path = path
         self.records: list[dict] = []
 
+    def discard(self) -> None:
+        """Remove the reservation of a run that wrote nothing."""
+        if not self.records:
+            self.path.unlink(missing_ok=True)
+
     def add(self, record: dict) -> None:
         self.records.append(record)
         atomic_write(self.path, json.dumps(self.records, indent=2, default=str) + "\n")

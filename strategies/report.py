@@ -14,7 +14,7 @@ from .records import atomic_write
 from .registry import BASELINE
 
 COLUMNS = ["strategy", "balance", "workers", "samples/s", "CV", "vs baseline", "scaling eff", "compute ms", "comm ms", "update ms", "wait ms",
-           "sync overhead ms", "vs floor", "test acc", "time to target s", "startup s", "status"]
+           "sync overhead ms", "vs floor", "floor-predicted samples/s", "vs predicted", "test acc", "time to target s", "startup s", "status"]
 
 
 def ordered(records: list[dict]) -> list[dict]:
@@ -60,12 +60,25 @@ def rows(records: list[dict]) -> list[list]:
             _ms(step.get("wait_s")),
             _ms(overhead),
             overhead / floor["allreduce_s"] if floor and overhead is not None else None,
+            *_predicted(r, floor),
             r.get("final_accuracy"),
             r.get("time_to_target_s"),
             r.get("startup_s"),
             r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else ""),
         ])
     return table
+
+
+def _predicted(record: dict, floor: dict | None) -> tuple:
+    """What the link allows: the global batch over (slowest compute + one floor all-reduce), and
+    measured / that. A synchronous step must move the model once each way, as the all-reduce does."""
+    step = record.get("step") or {}
+    batch = (record.get("config") or {}).get("batch_size")
+    if not floor or record["strategy"] in (BASELINE, FLOOR) or not step.get("compute_s") \
+            or not record.get("samples_per_s") or not batch:
+        return None, None
+    predicted = batch / (step["compute_s"] + floor["allreduce_s"])
+    return predicted, record["samples_per_s"] / predicted
 
 
 def _fmt(value, column: str) -> str:
@@ -116,6 +129,9 @@ max_staleness). sync overhead = step time - slowest compute;
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
 speeds measured alone). scaling eff: samples/s over the sum of the workers' samples/s when each
 trains alone on the whole batch in the same run. "(slowed Nx)" marks an emulated slow worker.
+floor-predicted samples/s: global batch / (slowest compute + the gloo-floor all-reduce of the
+same run, over the same link): what the link allows a synchronous strategy; vs predicted: the
+measured samples/s over it.
 on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
 processes, measured in the same run, and "vs floor" divides by it. time to target: training clock
 (evaluation excluded) until the test accuracy first reached the config's target_accuracy."""

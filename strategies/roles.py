@@ -53,7 +53,9 @@ class Replica:
                 if step == warmup:
                     start = now(self.device)
                 self.local_step(step)
+                updating = now(self.device)
                 optimizer.step()
+                self.emulate(now(self.device) - updating)
             return self.cfg["batch_size"] * steps / (now(self.device) - start)
         finally:
             self.batches, self.rank = batches, rank
@@ -66,11 +68,13 @@ class Replica:
         start = now(self.device)
         self.flat.zero_grad()
         forward_backward(self.flat.model, self.images[index], self.labels[index])
-        compute_s = now(self.device) - start
-        if self.spec["slowdown"] > 1.0:  # emulated slower device: the same work takes factor x as long
-            time.sleep((self.spec["slowdown"] - 1.0) * compute_s)
-            compute_s *= self.spec["slowdown"]
-        return compute_s
+        return self.emulate(now(self.device) - start)
+
+    def emulate(self, seconds: float) -> float:
+        """An emulated slower device: work that took `seconds` takes `slowdown` times as long (we wait)."""
+        if self.spec["slowdown"] > 1.0:
+            time.sleep((self.spec["slowdown"] - 1.0) * seconds)
+        return seconds * self.spec["slowdown"]
 
 
 class ParameterServer:

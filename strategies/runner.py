@@ -15,6 +15,7 @@ from .data import Split, cached_mnist
 from .errors import RunFailed
 from .floor import FLOOR_NAME, measure_floor
 from .gradients import FlatModel, count_parameters
+from .joined import wait_for_workers
 from .local_cluster import cluster_for_run
 from .records import RecordFile, environment, redacted
 from .registry import BASELINE
@@ -158,13 +159,14 @@ def run(cfg: dict) -> RecordFile:
     """Run every configured strategy, then the floor; a failing strategy keeps the records before it."""
     registry.check_names(cfg["strategies"])
     env = environment()
-    out = RecordFile(cfg["results_dir"], cfg["name"])
-    _, test = cached_mnist(cfg)
+    _, test = cached_mnist(cfg)  # bad data is refused before any file is reserved
     evaluate = Evaluator(test, cfg)
+    out = RecordFile(cfg["results_dir"], cfg["name"])
     try:
         with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, link):
             if cluster_startup_s is not None:
                 print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
+            cluster_cfg = wait_for_workers(cluster_cfg)
             standalone = measure_standalone(cluster_cfg) if wants_standalone(cluster_cfg) else None
             for name, balance in scenarios(cluster_cfg):
                 scenario_cfg = cluster_cfg if balance is None else balanced(cluster_cfg, balance, standalone)
@@ -185,6 +187,8 @@ def run(cfg: dict) -> RecordFile:
     finally:
         if out.records:
             write_tables(out.records, cfg["results_dir"], cfg["name"])
+        else:
+            out.discard()  # refused before any record (e.g. an unreachable cluster): no empty file left
     print(markdown(out.records))
     return out
 

@@ -68,16 +68,20 @@ def test_unknown_device_kind(config, tmp_path):
 
 
 def test_missing_data_dir(config, tmp_path):
-    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'nowhere'}\n"), *TINY)
+    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'nowhere'}\n"), *TINY,
+                      "--results-dir", str(tmp_path / "r"))
     assert_one_line_error(result, "does not exist")
+    assert not (tmp_path / "r").exists()  # refused before any record file was reserved
 
 
 def test_corrupt_data_file(config, tmp_path):
     images, labels = fake_split(3)
     write_idx(tmp_path / "d" / "t10k-images-idx3-ubyte", images, magic=7)
     write_idx(tmp_path / "d" / "t10k-labels-idx1-ubyte", labels)
-    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY)
+    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY,
+                      "--results-dir", str(tmp_path / "r"))
     assert_one_line_error(result, "t10k-images-idx3-ubyte: bad magic number 7")
+    assert not (tmp_path / "r").exists()
 
 
 def test_results_dir_not_writable(config, tmp_path):

@@ -47,9 +47,12 @@ def cluster_addresses(records: list[dict]) -> list[str]:
 
 
 def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_nothing_is_left(tmp_path):
+    home = tmp_path / "home"  # a stale Ray token from another install must not matter
+    (home / ".ray").mkdir(parents=True)
+    (home / ".ray" / "auth_token").write_text("a-stale-token-from-another-install\n")
     result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL,
                       "--set", "strategies=[single, ray-ps, dask-sync]", "--set", "balance=[equal, auto]",
-                      "--results-dir", str(tmp_path), timeout=280)
+                      "--results-dir", str(tmp_path), env={"HOME": str(home)}, timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
     by_scenario = {(r["strategy"], r.get("balance")): r for r in records}

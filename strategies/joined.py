@@ -1,0 +1,71 @@
+"""Before a run on a joined cluster: wait for every placement label to have its Ray node and its
+Dask worker (the Mac may still be starting), saying who is missing; bounded by
+`cluster.wait_for_workers_s`, then a clear failure, or without them if `cluster.allow_missing`."""
+from __future__ import annotations
+
+import copy
+import sys
+import time
+
+from .config import split_batch
+from .errors import UserError
+from .ray_cluster import RayConnection
+
+REPORT_EVERY_S = 10.0
+
+
+def _dask_labels(address: str, timeout_s: float) -> set[str]:
+    from distributed import Client
+
+    with Client(address, timeout=timeout_s) as client:
+        return {label for w in client.scheduler_info()["workers"].values() for label in w.get("resources", {})}
+
+
+def missing_labels(cfg: dict, wanted: set[str], ray_conn) -> dict[str, list[str]]:
+    """label -> the systems (Ray node, Dask worker) that do not have it yet."""
+    cluster = cfg["cluster"]
+    have = {}
+    if ray_conn is not None:
+        have["Ray node"] = set(ray_conn.ray.cluster_resources())
+    if cluster["dask_scheduler"]:
+        have["Dask worker"] = _dask_labels(cluster["dask_scheduler"], cluster["connect_timeout_s"])
+    return {label: [system for system, labels in have.items() if label not in labels]
+            for label in sorted(wanted) if any(label not in labels for labels in have.values())}
+
+
+def wait_for_workers(cfg: dict) -> dict:
+    """The config to run: unchanged once every label is there, or without the missing workers."""
+    cluster = cfg["cluster"]
+    wanted = {w["node"] for w in cfg["workers"] if w["node"]}
+    if not wanted or not (cluster["ray_address"] or cluster["dask_scheduler"]):
+        return cfg
+    ray_conn = RayConnection(cfg, set()) if cluster["ray_address"] else None
+    try:
+        deadline, next_report = time.monotonic() + cluster["wait_for_workers_s"], 0.0
+        while True:
+            missing = missing_labels(cfg, wanted, ray_conn)
+            if not missing:
+                return cfg
+            who = "; ".join(f"'{label}' ({', '.join(systems)})" for label, systems in missing.items())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if time.monotonic() >= next_report:
+                print(f"waiting for {who} to join: {left:.0f} s left", file=sys.stderr, flush=True)
+                next_report = time.monotonic() + REPORT_EVERY_S
+            time.sleep(1.0)
+    finally:
+        if ray_conn is not None:
+            ray_conn.close()
+    if not cluster["allow_missing"]:
+        raise UserError(f"{who} did not join within {cluster['wait_for_workers_s']:g} s: start "
+                        "deploy/mac/worker.sh on that machine, or set cluster.allow_missing to run without it")
+    kept = [w for w in cfg["workers"] if w["node"] not in missing]
+    if not kept:
+        raise UserError(f"no worker's node joined within {cluster['wait_for_workers_s']:g} s: {who}")
+    print(f"running without {who} (cluster.allow_missing)", file=sys.stderr)
+    out = copy.deepcopy(cfg)
+    out["workers"] = kept  # the global batch stays as configured, split as the kept workers' batches were
+    for worker, batch in zip(kept, split_batch(cfg["batch_size"], [w["batch"] for w in kept])):
+        worker["batch"] = batch
+    return out
