@@ -43,7 +43,7 @@ class RayConnection:
         except (ConnectionError, RuntimeError) as e:
             self.close()
             raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
-        self._wait_for_labels(labels, cluster["connect_timeout_s"] if cluster["ray_address"] else 0.0)
+        self._wait_for_labels(labels, cluster["wait_for_workers_s"] if cluster["ray_address"] else 0.0)
 
     def _wait_for_labels(self, labels: set[str], timeout_s: float) -> None:
         """Nodes may still be joining (a Mac waking up, a local node starting): wait, bounded, then name the missing."""

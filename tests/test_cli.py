@@ -129,3 +129,19 @@ def test_devices_and_strategies_list_what_is_here():
     strategies = hetbench("strategies")
     assert strategies.returncode == 0
     assert strategies.stdout.splitlines()[0].split() == ["single", "available"]
+
+
+def test_worker_refuses_a_head_nothing_answers_at():
+    result = hetbench("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
+    assert_one_line_error(result, "cannot reach 127.0.0.1:9 within 2 s")
+
+
+def test_worker_refuses_version_mismatch_in_one_sentence():
+    from strategies.errors import UserError
+    from strategies.worker import check_versions, versions
+
+    mine = versions()
+    check_versions(mine, dict(mine))  # equal: nothing to say
+    with pytest.raises(UserError, match=r"version mismatch: python \S+ here but \S+ on the head; ray 2\.60\.0 here but 2\.59\.0"):
+        check_versions(mine, {**mine, "python": "3.11.2" if mine["python"] != "3.11.2" else "3.11.7",
+                              "ray": "2.59.0"})

@@ -55,6 +55,23 @@ def test_a_label_no_node_has_fails_fast(tmp_path, two_nodes):
     assert time.monotonic() - started < 60 and not ray.is_initialized()
 
 
+def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tmp_path, two_nodes, capsys):
+    from strategies.joined import wait_for_workers
+
+    cluster, _ = two_nodes
+    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}", "cluster.wait_for_workers_s=3",
+                       "batch_size=48", "workers=[{name: d, node: desktop}, {name: i, node: ipad}]")
+    started = time.monotonic()
+    with pytest.raises(UserError, match=r"'ipad' \(Ray node\) did not join within 3 s: start deploy/mac/worker.sh"):
+        wait_for_workers(cfg)
+    assert 3 <= time.monotonic() - started < 30 and not ray.is_initialized()
+    assert "waiting for 'ipad' (Ray node) to join" in capsys.readouterr().err
+    cfg["cluster"]["allow_missing"] = True
+    kept = wait_for_workers(cfg)
+    assert [(w["name"], w["batch"]) for w in kept["workers"]] == [("d", 48)]  # the global batch is kept
+    assert len(cfg["workers"]) == 2  # the configured run is left as it was
+
+
 def test_unreachable_ray_address_is_exit_2_within_bounded_time(tmp_path):
     started = time.monotonic()
     result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "strategies=[ray-ps]",

@@ -36,7 +36,8 @@ cleanup() {
     kill -TERM "$DOCKERD_PID" 2>/dev/null; timeout 30 tail --pid="$DOCKERD_PID" -f /dev/null; kill -KILL "$DOCKERD_PID" 2>/dev/null
     ip link del docker0 2>/dev/null
   fi
-  umount -R "$WORK/rootfs/proc" "$WORK/rootfs/dev" 2>/dev/null
+  # what dockerd leaves mounted under its state (e.g. exec/netns/default), deepest first
+  awk -v w="$WORK" 'index($2, w) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l 2>/dev/null
   rm -rf "$WORK"
   exit $rc
 }
