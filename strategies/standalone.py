@@ -1,8 +1,9 @@
 """Each worker measured alone, in the same run: the speeds `balance: auto` splits by, and the
 reference of scaling efficiency (measured throughput / the sum of the workers' standalone ones).
 
-Every worker trains alone, one after the other, on the whole global batch, on its own node and
-device, with the threads it gets in the run (on one box the emulated machines share the cores).
+Every worker trains alone, one after the other (twice, A B .. B A), on the whole global batch, on
+its own node and device, with the threads it gets in the run (on one box the emulated machines
+share the cores).
 """
 from __future__ import annotations
 
@@ -22,14 +23,18 @@ def measure_standalone(cfg: dict) -> dict[str, float]:
     cluster = RayConnection(cfg, {w["node"] for w in workers if w["node"]})
     try:
         joined = bool(cfg["cluster"]["ray_address"])
-        speeds = {}
-        for rank, spec in enumerate(workers):
-            actor = RemoteWorker.options(**placement(spec)).remote()
-            threads_share = workers_per_host(cfg, spec, joined)
-            results([actor.setup.remote(cfg, rank, threads_share)], "setting up", "standalone", [actor], [spec])
-            speeds[spec["name"]] = results([actor.alone.remote(cfg["standalone_steps"], WARMUP_STEPS)],
-                                           f"timing {spec['name']} alone", "standalone", [actor], [spec])[0]
+        actors = [RemoteWorker.options(**placement(spec)).remote() for spec in workers]
+        results([a.setup.remote(cfg, rank, workers_per_host(cfg, spec, joined))
+                 for rank, (a, spec) in enumerate(zip(actors, workers))], "setting up", "standalone", actors, workers)
+        # one at a time, in the order A B .. B A, so drift on a shared machine hits every worker alike
+        order = list(range(len(workers))) + list(reversed(range(len(workers))))
+        timed: dict[str, list[float]] = {w["name"]: [] for w in workers}
+        for rank in order:
+            spec = workers[rank]
+            timed[spec["name"]] += results([actors[rank].alone.remote(cfg["standalone_steps"], WARMUP_STEPS)],
+                                           f"timing {spec['name']} alone", "standalone", actors, workers)
+        for actor in actors:
             ray.kill(actor)
-        return speeds
+        return {name: sum(rates) / len(rates) for name, rates in timed.items()}
     finally:
         cluster.close()
