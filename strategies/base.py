@@ -36,6 +36,10 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     distributed: ClassVar[bool] = True
+    # Link time one synchronous step needs, in gloo-floor all-reduces of the model: an all-reduce
+    # is 1; a parameter server moves the gradient up, then the weights down, one after the other: 2.
+    # None: no prediction (no link crossed, or no barrier per step).
+    floor_transfers: ClassVar[float | None] = None
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg

@@ -25,6 +25,7 @@ STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, s
 
 class DaskSync(Strategy):
     name = "dask-sync"
+    floor_transfers = 2.0
 
     def start(self) -> None:
         from distributed import Client, LocalCluster

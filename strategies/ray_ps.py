@@ -31,6 +31,7 @@ RemoteServer = ray.remote(ParameterServer)
 
 class RayParameterServer(Strategy):
     name = "ray-ps"
+    floor_transfers = 2.0
 
     def start(self) -> None:
         workers = self.cfg["workers"]
@@ -106,6 +107,7 @@ class RayParameterServerAsync(RayParameterServer):
     """
 
     name = "ray-ps-async"
+    floor_transfers = None  # no barrier: transfers overlap other workers' compute
 
     def reset(self, seed: int) -> None:
         self._drain()

@@ -149,6 +149,7 @@ def train_loop(config: dict) -> None:
 
 class RayTrainGloo(Strategy):
     name = "ray-train-gloo"
+    floor_transfers = 1.0
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig

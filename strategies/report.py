@@ -70,14 +70,14 @@ def rows(records: list[dict]) -> list[list]:
 
 
 def _predicted(record: dict, floor: dict | None) -> tuple:
-    """What the link allows: the global batch over (slowest compute + one floor all-reduce), and
-    measured / that. A synchronous step must move the model once each way, as the all-reduce does."""
+    """What the link allows: the global batch over (slowest compute + the strategy's floor transfers
+    x the floor all-reduce of the same run), and measured / that (Strategy.floor_transfers)."""
     step = record.get("step") or {}
     batch = (record.get("config") or {}).get("batch_size")
-    if not floor or record["strategy"] in (BASELINE, FLOOR) or not step.get("compute_s") \
-            or not record.get("samples_per_s") or not batch:
+    transfers = record.get("floor_transfers")
+    if not floor or not transfers or not step.get("compute_s") or not record.get("samples_per_s") or not batch:
         return None, None
-    predicted = batch / (step["compute_s"] + floor["allreduce_s"])
+    predicted = batch / (step["compute_s"] + transfers * floor["allreduce_s"])
     return predicted, record["samples_per_s"] / predicted
 
 
@@ -129,9 +129,10 @@ max_staleness). sync overhead = step time - slowest compute;
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
 speeds measured alone). scaling eff: samples/s over the sum of the workers' samples/s when each
 trains alone on the whole batch in the same run. "(slowed Nx)" marks an emulated slow worker.
-floor-predicted samples/s: global batch / (slowest compute + the gloo-floor all-reduce of the
-same run, over the same link): what the link allows a synchronous strategy; vs predicted: the
-measured samples/s over it.
+floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
+same run, over the same link), k = 1 for an all-reduce (ray-train-gloo), 2 for a parameter server
+(gradient up, then weights down: ray-ps, dask-sync): what the link allows a synchronous strategy;
+vs predicted: the measured samples/s over it.
 on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
 processes, measured in the same run, and "vs floor" divides by it. time to target: training clock
 (evaluation excluded) until the test accuracy first reached the config's target_accuracy."""

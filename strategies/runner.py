@@ -104,6 +104,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         "status": "ok",
         "workers": workers,
         "samples_per_s": samples_per_s,
+        "floor_transfers": cls.floor_transfers,
         **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
         "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],

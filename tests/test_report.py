@@ -16,7 +16,7 @@ def record(strategy, samples_per_s=None, **extra):
 KNOWN = [
     record("ray-ps", 500.0, samples_per_s_cv=0.1, step={"compute_s": 0.05, "comm_s": 0.008, "wait_s": 0.002,
                                                        "sync_overhead_s": 0.010}, final_accuracy=0.9,
-           config={"batch_size": 64}),
+           config={"batch_size": 64}, floor_transfers=2.0),
     {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.005, "allreduce_cv": 0.2, "workers": []},
     record("single", 1000.0, samples_per_s_cv=0.02, step={"compute_s": 0.06, "comm_s": 0.0, "wait_s": 0.0,
                                                          "sync_overhead_s": 0.0}, final_accuracy=0.95),
@@ -32,8 +32,8 @@ def test_baseline_first_then_floor_with_relative_columns():
     assert floor["sync overhead ms"] == 5.0 and floor["vs floor"] == 1.0  # the floor is 1x itself
     assert abs(ps["sync overhead ms"] - 10.0) < 1e-9 and abs(ps["vs floor"] - 2.0) < 1e-9  # 10 ms = 2x a 5 ms floor
     assert skipped["status"] == "skipped: not installed"
-    # what the floor allows: 64 samples per (50 ms compute + 5 ms all-reduce)
-    assert ps["floor-predicted samples/s"] == pytest.approx(64 / 0.055) and ps["vs predicted"] == pytest.approx(0.43, abs=0.01)
+    # what the floor allows a parameter server: 64 samples per (50 ms compute + 2 x a 5 ms all-reduce)
+    assert ps["floor-predicted samples/s"] == pytest.approx(64 / 0.06) and ps["vs predicted"] == pytest.approx(0.469, abs=0.001)
     assert single["floor-predicted samples/s"] is None
 
 
