@@ -4,7 +4,9 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 
 from .addresses import check_reachable
@@ -31,6 +33,7 @@ class RayConnection:
                  "configure_logging": True}
         if ray.is_initialized():
             ray.shutdown()
+        self.sigterm = signal.getsignal(signal.SIGTERM)
         try:
             if cluster["ray_address"]:
                 check_reachable(cluster["ray_address"], cluster["connect_timeout_s"])
@@ -43,7 +46,14 @@ class RayConnection:
         except (ConnectionError, RuntimeError) as e:
             self.close()
             raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
+        self._keep_sigterm()
         self._wait_for_labels(labels, cluster["wait_for_workers_s"] if cluster["ray_address"] else 0.0)
+
+    def _keep_sigterm(self) -> None:
+        """Ray's init and shutdown replace the process's SIGTERM handling (shutdown leaves the default,
+        which kills at once); hetbench's own unwinds through every close(), so it is put back."""
+        if threading.current_thread() is threading.main_thread() and self.sigterm is not None:
+            signal.signal(signal.SIGTERM, self.sigterm)
 
     def _wait_for_labels(self, labels: set[str], timeout_s: float) -> None:
         """Nodes may still be joining (a Mac waking up, a local node starting): wait, bounded, then name the missing."""
@@ -73,6 +83,7 @@ class RayConnection:
     def close(self) -> None:
         if self.ray.is_initialized():
             self.ray.shutdown()
+        self._keep_sigterm()
         if getattr(self, "temp_dir", None):
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         for key, value in self.saved_env.items():
