@@ -41,7 +41,7 @@ def write_plots(records: list[dict], results_dir: str, name: str) -> list[Path]:
     for suffix, draw in (("throughput", _throughput), ("step", _step_breakdown), ("accuracy", _accuracy)):
         fig, ax = plt.subplots(figsize=(9, 4.8), layout="constrained")
         draw(ax, trained, records)
-        ax.set_title(ax.get_title() + note, fontsize=10)
+        ax.set_title(ax.get_title() + (f"\n{note.strip()}" if note else ""), fontsize=10)
         path = Path(results_dir) / f"{name}-{suffix}.png"
         atomic_write_bytes(path, _png(fig))
         plt.close(fig)
@@ -95,10 +95,13 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
 
 
 def _accuracy(ax, trained: list[dict], records: list[dict]) -> None:
+    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
+               "tab:pink", "tab:olive", "tab:cyan", "navy", "gold"]  # grey is the baseline's
+    others = iter(palette * 3)
     for r in trained:
         curve = r.get("accuracy_curve") or []
         ax.plot([p["train_s"] for p in curve], [p["accuracy"] for p in curve], marker="o", markersize=3,
-                label=label(r), color="0.4" if r["strategy"] == BASELINE else None)
+                label=label(r), color="0.4" if r["strategy"] == BASELINE else next(others))
     target = next((r.get("target_accuracy") for r in trained if r.get("target_accuracy")), None)
     if target:
         ax.axhline(target, color="k", linestyle=":", label=f"target {target:.0%}")
