@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,8 +67,13 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
                                               stdin=subprocess.DEVNULL, start_new_session=True))
         print(f"hetbench worker: joined {head} as '{label}' (Ray node + Dask worker '{name}'); "
               f"Ctrl-C leaves nothing running. Logs: {logs}", file=sys.stderr, flush=True)
-        while all(p.poll() is None for p in procs):
-            time.sleep(0.5)
+        try:
+            while all(p.poll() is None for p in procs):
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # the normal way out: nothing to read afterwards
+            stop_trees(procs)
+            shutil.rmtree(logs, ignore_errors=True)
+            raise
         ended = next(p for p in procs if p.poll() is not None)
         raise UserError(f"'{' '.join(ended.args[:3])} ...' ended with exit code {ended.returncode} "
                         f"(logs: {logs}); stopped this worker")

@@ -41,6 +41,19 @@ def two_nodes():
     cluster.shutdown()
 
 
+def placed_workers(strategy_cls, cfg: dict, where: str) -> dict:
+    """Worker name -> `where` (node_id, dask_worker) as the strategy placed it; the strategy is closed."""
+    strategy = strategy_cls(cfg)
+    try:
+        strategy.start()
+        return {w["name"]: w[where] for w in strategy.worker_info()}
+    finally:
+        strategy.close()
+
+
+LABELLED = "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]"
+
+
 def small_config(tmp_path: Path, *overrides: str) -> dict:
     """A resolved config that downloads nothing and writes under tmp_path."""
     return load_config(None, ["download=false", "test_samples=2000", "eval_samples=500",

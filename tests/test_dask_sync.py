@@ -11,7 +11,7 @@ import pytest
 from strategies import dask_sync
 from strategies.errors import UserError
 from strategies.runner import run
-from tests.conftest import run_killing_a_worker, small_config
+from tests.conftest import LABELLED, placed_workers, run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
 from tests.test_equivalence import UNEQUAL
 
@@ -67,14 +67,8 @@ def labelled_cluster():
 def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, labelled_cluster):
     address = labelled_cluster.scheduler_address
     mac = next(a for a, w in labelled_cluster.scheduler.workers.items() if "mac" in w.resources)
-    cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}",
-                       "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]")
-    strategy = dask_sync.DaskSync(cfg)
-    try:
-        strategy.start()
-        placed = {w["name"]: w["dask_worker"] for w in strategy.worker_info()}
-    finally:
-        strategy.close()
+    placed = placed_workers(dask_sync.DaskSync, small_config(tmp_path, f"cluster.dask_scheduler={address}", LABELLED),
+                            "dask_worker")
     assert placed["m"] == mac and placed["d"] != mac
 
     cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}", "workers=[{node: laptop}]")

@@ -28,8 +28,8 @@ def records_of(results: Path) -> list[dict]:
     return json.loads(text) if text else []
 
 
-def processes_mentioning(*needles: str) -> list[str]:
-    """Command lines of live processes naming any of `needles` (cluster addresses, temp dirs)."""
+def processes_mentioning(*needles: str) -> list[int]:
+    """PIDs of live processes whose command lines name any of `needles` (cluster addresses, temp dirs)."""
     found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
@@ -37,7 +37,7 @@ def processes_mentioning(*needles: str) -> list[str]:
         except OSError:
             continue
         if any(n in text for n in needles) and str(os.getpid()) != cmdline.parent.name:
-            found.append(text)
+            found.append(int(cmdline.parent.name))
     return found
 
 
@@ -92,11 +92,14 @@ def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+    records = records_of(tmp_path)
+    left = processes_mentioning(*cluster_addresses(records))
+    for pid in left:  # a failing run must not leave its cluster behind for the next tests
+        os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
-    records = records_of(tmp_path)
     assert records[0]["strategy"] == "single" and records[0]["status"] == "ok"
-    assert processes_mentioning(*cluster_addresses(records)) == []
+    assert left == []
 
 
 def test_local_multinode_needs_placement_labels(tmp_path):

@@ -8,7 +8,7 @@ import ray
 from strategies import ray_ps
 from strategies.errors import UserError
 from strategies.runner import run
-from tests.conftest import run_killing_a_worker, small_config
+from tests.conftest import LABELLED, placed_workers, run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
 from tests.test_equivalence import UNEQUAL
 
@@ -34,14 +34,8 @@ def test_a_worker_that_dies_ends_the_run_clearly_and_keeps_earlier_records(tmp_p
 
 def test_worker_labelled_for_the_second_node_runs_there(tmp_path, two_nodes):
     cluster, mac = two_nodes
-    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}",
-                       "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]")
-    strategy = ray_ps.RayParameterServer(cfg)
-    try:
-        strategy.start()
-        placed = {w["name"]: w["node_id"] for w in strategy.worker_info()}
-    finally:
-        strategy.close()
+    placed = placed_workers(ray_ps.RayParameterServer,
+                            small_config(tmp_path, f"cluster.ray_address={cluster.address}", LABELLED), "node_id")
     assert placed["m"] == mac.node_id
     assert placed["d"] != mac.node_id
 
