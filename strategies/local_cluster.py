@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 HOST_IP = "127.0.0.1"
 
 
-def node_labels(cfg: dict) -> list[str]:
+def placement_labels(cfg: dict) -> list[str]:
     """Placement labels in worker order; the first is the head node's."""
     labels = list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
     if not labels:
@@ -45,7 +45,7 @@ class LocalMultinode:
     """Start with `start()`, stop with `stop()` (idempotent, on every exit path)."""
 
     def __init__(self, cfg: dict) -> None:
-        self.cfg, self.labels = cfg, node_labels(cfg)
+        self.cfg, self.labels = cfg, placement_labels(cfg)
         self.procs: list[subprocess.Popen] = []
         self.links: dict[str, Link] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
