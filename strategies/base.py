@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import logging
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
 import torch
+
+from .errors import RunFailed
 
 
 @dataclass
@@ -40,9 +43,14 @@ class Strategy(ABC):
     # is 1; a parameter server moves the gradient up, then the weights down, one after the other: 2.
     # None: no prediction (no link crossed, or no barrier per step).
     floor_transfers: ClassVar[float | None] = None
+    # Goes on without a worker that dies (a fault, a machine lost): implements kill_worker and
+    # keeps info/batches/shares per live worker, calling lose_worker for each lost one.
+    survives_worker_loss: ClassVar[bool] = False
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
+        self.events: list[dict] = []  # what was lost, when, and the split that went on
+        self.lost: list[dict] = []    # worker_info of the lost workers, with lost_at_step
 
     @abstractmethod
     def start(self) -> None:
@@ -64,9 +72,36 @@ class Strategy(ABC):
     def worker_info(self) -> list[dict]:
         """Per worker: name, device (as resolved where it runs), node, batch."""
 
+    def kill_worker(self, name: str) -> None:
+        """Fault injection: really end worker `name`'s process; the next step finds it lost."""
+        raise NotImplementedError(f"{self.name} does not survive a lost worker")
+
+    def lose_worker(self, rank: int, step: int) -> None:
+        """Drop a lost worker; the survivors take its samples so the global batch stays as configured.
+
+        The survivors' batches keep their ratios (so an auto/proportional split stays speed-proportional);
+        the gradient rule weights by the new batches, so a step still equals one on the union batch.
+        """
+        from .config import split_batch
+        from .gradients import batch_shares
+
+        lost = self.info.pop(rank)
+        del self.batches[rank]
+        if not self.batches:
+            raise RunFailed(f"{self.name}: every worker was lost (the last, '{lost['name']}', at step {step})")
+        self.batches = split_batch(self.cfg["batch_size"], self.batches)
+        self.shares = batch_shares(self.batches)
+        for info, batch in zip(self.info, self.batches):
+            info["batch"] = batch
+        self.lost.append({**lost, "lost_at_step": step})
+        split = {info["name"]: batch for info, batch in zip(self.info, self.batches)}
+        self.events.append({"step": step, "lost": lost["name"], "node": lost["node"], "split": split})
+        print(f"{self.name}: worker '{lost['name']}' lost at step {step}; going on with "
+              + ", ".join(f"{n}x{b}" for n, b in split.items()), file=sys.stderr)
+
     def record_extras(self) -> dict:
         """Strategy-specific figures for the record (e.g. async staleness), gathered over all repeats."""
-        return {}
+        return {"events": self.events} if self.events else {}
 
     def close(self) -> None:
         """Stop everything start() started; called on every exit path."""

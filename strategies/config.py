@@ -38,6 +38,8 @@ DEFAULTS: dict = {
     "mirrors": list(MIRRORS),      # base URLs tried in order, md5-verified
     "download_timeout_s": 10.0,    # per request
     "results_dir": "results",      # records under raw/, tables as <name>.md/.csv
+    "checkpoint_every": 0,         # model + optimizer + step saved every N steps (resume with --resume); 0 = off
+    "faults": [],                  # injected faults, e.g. [{at_step: 20, kill: worker, target: mac}] (FAULT_KEYS)
     "floor": {                     # the gloo-floor reference row
         "enabled": True,           # measure it in every run
         "iterations": 30,          # timed all-reduces (after 5 warm-up ones)
@@ -69,6 +71,8 @@ NULLABLE = {"name": str, "data_dir": str, "ray_address": str, "dask_scheduler": 
             "rate": str, "speed": float}
 CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local", "local-multinode"),
            "balance": ("equal", "proportional", "auto")}
+FAULT_KEYS = {"at_step": int, "kill": str, "target": str}  # kill: worker (its process, for real)
+FAULT_KINDS = ("worker",)
 RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 
 
@@ -173,7 +177,7 @@ def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps"):
+    for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps", "checkpoint_every"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if not 0.0 <= cfg["dropout"] < 1.0:
@@ -199,6 +203,7 @@ def validate(cfg: dict) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"duplicate worker name '{duplicates[0]}': worker names must be unique")
+    validate_faults(cfg["faults"], names, cfg["warmup_steps"] + cfg["steps"])
     fixed = any(w["batch"] is not None or w["share"] is not None for w in cfg["workers"])
     if fixed and set(cfg["balance"]) - {"equal"}:
         raise UserError("balance proportional/auto sets every worker's batch: remove the workers' batch/share")
@@ -208,6 +213,27 @@ def validate(cfg: dict) -> None:
     for worker, batch in zip(cfg["workers"], batches):  # resolved: records show the split used
         worker["batch"], worker["share"] = batch, None
     cfg["batch_size"] = sum(batches)
+
+
+def validate_faults(faults: list, names: list[str], total_steps: int) -> None:
+    """Each fault {at_step, kill, target} names a step of a repeat and a configured worker; someone survives."""
+    for i, fault in enumerate(faults):
+        where = f"faults[{i}]"
+        if not isinstance(fault, dict) or set(fault) != set(FAULT_KEYS):
+            raise UserError(f"config key '{where}' must be a mapping with keys {', '.join(FAULT_KEYS)}, got {fault!r}")
+        for key, want in FAULT_KEYS.items():
+            if not isinstance(fault[key], want) or isinstance(fault[key], bool):
+                raise UserError(f"config key '{where}.{key}' must be {want.__name__}, got {fault[key]!r}")
+        if fault["kill"] not in FAULT_KINDS:
+            raise UserError(f"config key '{where}.kill' must be one of {', '.join(FAULT_KINDS)}, got {fault['kill']!r}")
+        if fault["target"] not in names:
+            raise UserError(f"config key '{where}.target': no worker is named {fault['target']!r} "
+                            f"(workers: {', '.join(names)})")
+        if not 0 <= fault["at_step"] < total_steps:
+            raise UserError(f"config key '{where}.at_step' must be a step of a repeat, 0 to {total_steps - 1}, "
+                            f"got {fault['at_step']}")
+    if len({f["target"] for f in faults}) >= len(names) and faults:
+        raise UserError("the faults would kill every worker: leave at least one to go on with")
 
 
 def worker_batches(cfg: dict) -> list[int]:

@@ -16,7 +16,7 @@ import torch
 from .addresses import check_reachable
 from .base import StepTiming, Strategy, quiet_loggers, workers_per_host
 from .clock import now
-from .errors import RunFailed, UserError
+from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
 from .roles import ParameterServer, Replica
 
@@ -26,6 +26,7 @@ STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, s
 class DaskSync(Strategy):
     name = "dask-sync"
     floor_transfers = 2.0
+    survives_worker_loss = True
 
     def start(self) -> None:
         from distributed import Client, LocalCluster
@@ -73,20 +74,40 @@ class DaskSync(Strategy):
 
     def step(self, step: int) -> StepTiming:
         start = now()
-        # (2a) (1) every worker gets the new weights as one flat buffer and computes on its own
-        # batch with its resident replica; its flat gradient comes straight back
-        results = self._results([r.compute(self.weights_now, step) for r in self.replicas], f"step {step}")
+        while True:
+            try:
+                # (2a) (1) every worker gets the new weights as one flat buffer and computes on its own
+                # batch with its resident replica; its flat gradient comes straight back
+                results = self._results(self._calls("compute", self.weights_now, step), f"step {step}",
+                                        survivable=True)
+                break
+            except WorkersLost as e:  # nothing was applied yet: redo the step with the survivors
+                self._lose(e.ranks, step)
         grads, compute = zip(*results)
         # (2b) (3) the sample-weighted rule and the optimizer step, here on the client
         self.weights_now, update_s = self.server.apply(self.shares, *grads)
         total = now() - start
         return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
 
+    def kill_worker(self, name: str) -> None:
+        rank = next(rank for rank, info in enumerate(self.info) if info["name"] == name)
+        try:  # its process ends before it can answer
+            self.replicas[rank].die().result(timeout=30)
+        except Exception:  # OSError from the closed connection, or the timeout
+            pass
+
+    def _lose(self, ranks: list[int], step: int) -> None:
+        """Forget the lost workers (highest rank first, so the others keep their places), re-split."""
+        for rank in sorted(ranks, reverse=True):
+            del self.replicas[rank], self.addresses[rank]
+            self.lose_worker(rank, step)
+        self._results([r.resplit(self.batches, rank) for rank, r in enumerate(self.replicas)], "re-splitting")
+
     def weights(self) -> torch.Tensor:
         return torch.from_numpy(self.weights_now.copy())
 
     def worker_info(self) -> list[dict]:
-        return [dict(i, dask_worker=a) for i, a in zip(self.info, self.addresses)]
+        return [dict(i, dask_worker=a) for i, a in zip(self.info, self.addresses)] + [dict(i) for i in self.lost]
 
     def close(self) -> None:
         self.replicas = []
@@ -96,14 +117,42 @@ class DaskSync(Strategy):
         if self.local is not None:
             self.local.close(timeout=10)
 
-    def _results(self, futures: list, doing: str) -> list:
-        """Results, or one sentence: bad input stays bad input, a lost worker is named."""
-        try:
-            return [f.result(timeout=STEP_TIMEOUT_S) for f in futures]
-        except UserError:
-            raise
-        except Exception as e:  # KilledWorker, CommClosedError, a task's own exception
-            gone = [w["name"] for w, a in zip(self.cfg["workers"], self.addresses)
-                    if a not in self.client.scheduler_info()["workers"]]
-            who = f"worker '{gone[0]}' was lost" if gone else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            raise RunFailed(f"{self.name} failed while {doing}: {who}") from None
+    def _calls(self, method: str, *args) -> list:
+        """Every replica's `method` called; where Dask already knows the worker lost, its error instead."""
+        calls = []
+        for replica in self.replicas:
+            try:
+                calls.append(getattr(replica, method)(*args))
+            except RuntimeError as e:  # 'Worker holding Actor was lost'
+                calls.append(e)
+        return calls
+
+    def _results(self, futures: list, doing: str, survivable: bool = False) -> list:
+        """Results, or one sentence: bad input stays bad input, a lost worker is named (or, where
+        the caller can go on without it, WorkersLost with the lost workers' ranks)."""
+        values, lost, failure = [], [], None
+        for rank, future in enumerate(futures):
+            try:
+                if isinstance(future, Exception):
+                    raise future
+                values.append(future.result(timeout=STEP_TIMEOUT_S))
+            except UserError:
+                raise
+            except Exception as e:  # a lost worker, or a task's own exception
+                if _worker_gone(e):
+                    lost.append(rank)
+                else:
+                    failure = failure or f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        if failure:
+            raise RunFailed(f"{self.name} failed while {doing}: {failure}")
+        if lost and survivable:
+            raise WorkersLost(lost)
+        if lost:
+            raise RunFailed(f"{self.name} failed while {doing}: worker '{getattr(self, 'info', self.cfg['workers'])[lost[0]]['name']}' was lost")
+        return values
+
+
+def _worker_gone(e: Exception) -> bool:
+    """An actor call failed because its worker's process is gone (measured: OSError while the
+    connection breaks, then RuntimeError 'Worker holding Actor was lost'), not because of the task."""
+    return isinstance(e, OSError) or "Worker holding Actor was lost" in str(e)

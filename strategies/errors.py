@@ -7,3 +7,11 @@ class UserError(Exception):
 
 class RunFailed(Exception):
     """A run could not finish (a worker died, a cluster went away): one sentence, records so far kept."""
+
+
+class WorkersLost(Exception):
+    """Workers of a synchronous step died (a fault, a lost machine); a strategy that survives goes on without them."""
+
+    def __init__(self, ranks: list[int]) -> None:
+        super().__init__(f"workers lost: {ranks}")
+        self.ranks = ranks

@@ -12,7 +12,7 @@ import torch
 
 from .base import StepTiming, Strategy, workers_per_host
 from .clock import now
-from .errors import RunFailed, UserError
+from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
 from .ray_cluster import RayConnection, placement
 from .roles import ParameterServer, Replica
@@ -32,11 +32,13 @@ RemoteServer = ray.remote(ParameterServer)
 class RayParameterServer(Strategy):
     name = "ray-ps"
     floor_transfers = 2.0
+    survives_worker_loss = True
 
     def start(self) -> None:
         workers = self.cfg["workers"]
         self.batches = [w["batch"] for w in workers]
         self.shares = batch_shares(self.batches)  # the sample-weighted rule, as weights
+        self.specs = list(workers)                 # the live workers' configs, in rank order
         self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
         self.server = RemoteServer.options(num_cpus=0).remote()
         self.workers = [RemoteWorker.options(**placement(w)).remote() for w in workers]
@@ -49,7 +51,15 @@ class RayParameterServer(Strategy):
         self._get([w.reset.remote(seed) for w in self.workers] + [self.weights_ref], "resetting")
 
     def step(self, step: int) -> StepTiming:
-        start = now()
+        start, weights_before = now(), self.weights_ref
+        while True:
+            try:
+                return self._step(step, start)
+            except WorkersLost as e:  # the server never ran this step's update: redo it with the survivors
+                self.weights_ref = weights_before
+                self._lose(e.ranks, step)
+
+    def _step(self, step: int, start: float) -> StepTiming:
         # (1) every worker computes on its own batch, from the weights stored once for all of them
         outputs = [w.compute.options(num_returns=2).remote(self.weights_ref, step) for w in self.workers]
         grads, compute_refs = zip(*outputs)
@@ -57,26 +67,40 @@ class RayParameterServer(Strategy):
         # gradients straight from the workers' object-store entries
         self.weights_ref, update_ref = self.server.apply.options(num_returns=2).remote(self.shares, *grads)
         # the update's timing is the server's other return: once it is here, so are the new weights
-        *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}")
+        *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}", survivable=True)
         total = now() - start
         return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
+
+    def kill_worker(self, name: str) -> None:
+        ray.kill(self.workers[self._rank(name)], no_restart=True)
+
+    def _rank(self, name: str) -> int:
+        return next(rank for rank, info in enumerate(self.info) if info["name"] == name)
+
+    def _lose(self, ranks: list[int], step: int) -> None:
+        """Forget the lost workers (highest rank first, so the others keep their places), re-split."""
+        for rank in sorted(ranks, reverse=True):
+            del self.workers[rank], self.specs[rank]
+            self.lose_worker(rank, step)
+        self._get([w.resplit.remote(self.batches, rank) for rank, w in enumerate(self.workers)], "re-splitting")
 
     def weights(self) -> torch.Tensor:
         return torch.from_numpy(ray.get(self.weights_ref).copy())
 
     def worker_info(self) -> list[dict]:
-        return [dict(i) for i in self.info]
+        return [dict(i) for i in self.info + self.lost]
 
     def close(self) -> None:
         if getattr(self, "cluster", None):
             self.cluster.close()
 
-    def _get(self, refs: list, doing: str) -> list:
-        return results(refs, doing, self.name, self.workers, self.cfg["workers"])
+    def _get(self, refs: list, doing: str, survivable: bool = False) -> list:
+        return results(refs, doing, self.name, self.workers, self.specs, survivable)
 
 
-def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict]) -> list:
-    """ray.get with errors in one sentence: bad input stays bad input, a dead worker is named."""
+def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict], survivable: bool = False) -> list:
+    """ray.get with errors in one sentence: bad input stays bad input, a dead worker is named
+    (or, where the caller can go on without it, WorkersLost with the dead workers' ranks)."""
     try:
         return ray.get(refs, timeout=STEP_TIMEOUT_S)
     except ray.exceptions.RayTaskError as e:
@@ -84,18 +108,26 @@ def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict])
             raise UserError(str(e.cause)) from None
         raise RunFailed(f"{owner} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
     except ray.exceptions.RayActorError:
-        raise RunFailed(f"{owner}: {_dead_worker(actors, specs)} died while {doing}") from None
+        dead = dead_ranks(actors)
+        if dead and survivable:
+            raise WorkersLost(dead) from None
+        who = f"worker '{specs[dead[0]]['name']}'" if dead else "the parameter server"
+        raise RunFailed(f"{owner}: {who} died while {doing}") from None
     except ray.exceptions.GetTimeoutError:
         raise RunFailed(f"{owner}: no answer from the workers while {doing}") from None
 
 
-def _dead_worker(actors: list, specs: list[dict]) -> str:
-    for actor, spec in zip(actors, specs):
+def dead_ranks(actors: list) -> list[int]:
+    """The ranks of the actors that no longer answer."""
+    dead = []
+    for rank, actor in enumerate(actors):
         try:
-            ray.get(actor.__ray_ready__.remote(), timeout=5)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return f"worker '{spec['name']}'"
-    return "the parameter server"
+            ray.get(actor.__ray_ready__.remote(), timeout=STEP_TIMEOUT_S)
+        except ray.exceptions.RayActorError:
+            dead.append(rank)
+        except ray.exceptions.GetTimeoutError:  # alive but busy past any step: not known to be dead
+            pass
+    return dead
 
 
 class RayParameterServerAsync(RayParameterServer):
@@ -124,7 +156,7 @@ class RayParameterServerAsync(RayParameterServer):
         grad, compute = self.workers[rank].compute.options(num_returns=2).remote(self.weights_ref,
                                                                                  self.next_batch[rank])
         self.next_batch[rank] += 1
-        self.in_flight[grad] = (rank, self.version, compute)
+        self.in_flight[grad] = (rank, self.version, compute, self.batches[rank])
 
     def step(self, step: int) -> StepTiming:
         start, applied = now(), 0
@@ -135,13 +167,18 @@ class RayParameterServerAsync(RayParameterServer):
             ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=STEP_TIMEOUT_S)
             if not ready:
                 raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
-            rank, started_at, compute_ref = self.in_flight.pop(ready[0])
-            computes[self.info[rank]["name"]].append(self._get([compute_ref], f"step {step}")[0])
+            rank, started_at, compute_ref, batch = self.in_flight.pop(ready[0])
+            try:
+                computes[self.info[rank]["name"]].append(self._get([compute_ref], f"step {step}", survivable=True)[0])
+            except WorkersLost as e:  # its gradient never came: go on with the others
+                self._lose(e.ranks, step)
+                continue
             # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch
-            self.weights_ref, _ = self.server.apply.options(num_returns=2).remote([self.shares[rank]], ready[0])
+            share = batch / self.cfg["batch_size"]  # the batch it computed on, even if re-split since
+            self.weights_ref, _ = self.server.apply.options(num_returns=2).remote([share], ready[0])
             self.staleness.append(self.version - started_at)
             self.version += 1
-            applied += self.batches[rank]
+            applied += batch
             # bounded staleness: run ahead of the slowest worker by at most max_staleness versions
             parked_at = now()
             for r in [rank, *self.parked]:
@@ -157,8 +194,20 @@ class RayParameterServerAsync(RayParameterServer):
         return StepTiming(compute_s, comm_s=max(0.0, total - max(compute_s.values())), wait_s=waited,
                           total_s=total)
 
+    def _lose(self, ranks: list[int], step: int) -> None:
+        """As ray-ps, and the lost workers' batches in flight are dropped; the others' ranks move down."""
+        for lost in sorted(ranks, reverse=True):
+            del self.next_batch[lost]
+            self.parked = [r - (r > lost) for r in self.parked if r != lost]
+            self.in_flight = {ref: (r - (r > lost), *rest) for ref, (r, *rest) in self.in_flight.items() if r != lost}
+        super()._lose(ranks, step)
+        if not self.in_flight:  # the lost worker was the one the parked ones waited for
+            for rank in self.parked:
+                self._submit(rank)
+            self.parked = []
+
     def _too_far_ahead(self) -> bool:
-        oldest = min((v for _, v, _ in self.in_flight.values()), default=self.version)
+        oldest = min((v for _, v, *_ in self.in_flight.values()), default=self.version)
         return self.version - oldest > self.cfg["max_staleness"]
 
     def record_extras(self) -> dict:
@@ -166,7 +215,7 @@ class RayParameterServerAsync(RayParameterServer):
         for s in self.staleness:
             counts[s] = counts.get(s, 0) + 1
         ordered = sorted(self.staleness)
-        return {"staleness": {"histogram": dict(sorted(counts.items())), "max": max(ordered, default=0),
+        return {**super().record_extras(), "staleness": {"histogram": dict(sorted(counts.items())), "max": max(ordered, default=0),
                               "median": ordered[len(ordered) // 2] if ordered else 0,
                               "max_allowed": self.cfg["max_staleness"]}}
 

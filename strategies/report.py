@@ -33,6 +33,7 @@ def _workers(record: dict) -> str:
         return f"2 processes over an emulated {link} link" if link else "2 local processes"
     return ", ".join(f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
                      + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
+                     + (f" (lost at step {w['lost_at_step']})" if "lost_at_step" in w else "")
                      for w in record.get("workers", []))
 
 

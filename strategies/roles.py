@@ -1,6 +1,8 @@
 """The two roles of a parameter-server-style strategy: a Replica per worker, one ParameterServer."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -30,7 +32,16 @@ class Replica:
         self.device = resolve_device(self.spec["device"])
         self.images, self.labels = cached_mnist(cfg, announce=False)[0].tensors(self.device)
         return {"name": self.spec["name"], "device": str(self.device), "node": self.spec["node"],
-                "host": socket.gethostname(), "batch": self.spec["batch"], "slowdown": self.spec["slowdown"]}
+                "host": socket.gethostname(), "pid": os.getpid(), "batch": self.spec["batch"],
+                "slowdown": self.spec["slowdown"]}
+
+    def resplit(self, batches: list[int], rank: int) -> None:
+        """After a worker was lost: the survivors' new batches, and my place among them."""
+        self.batches, self.rank = batches, rank
+
+    def die(self) -> None:
+        """Fault injection: this worker's process ends at once, as if its machine went away."""
+        os.kill(os.getpid(), signal.SIGKILL)
 
     def reset(self, seed: int) -> None:
         self.seed = seed

@@ -41,12 +41,15 @@ class Evaluator:
         return accuracy(self.flat.model, self.images[:n], self.labels[:n])
 
 
-def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar) -> dict:
+def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar, faults=()) -> dict:
     """Warm-up and timed steps from a fresh model; accuracy checked every eval_every steps off the clock."""
     strategy.reset(seed)
     clock, timed, curve, time_to_target = 0.0, [], [], None
     total = cfg["warmup_steps"] + cfg["steps"]
     for step in range(total):
+        for fault in faults:
+            if fault["at_step"] == step:
+                inject(strategy, fault, step)
         timing = strategy.step(step)
         clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
         if step >= cfg["warmup_steps"]:
@@ -60,6 +63,25 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
     timed_s = sum(t.total_s for t in timed)
     return {"samples_per_s": cfg["batch_size"] * len(timed) / timed_s, "timed": timed, "curve": curve,
             "time_to_target_s": time_to_target, "final_accuracy": evaluate(strategy.weights(), full=True)}
+
+
+def inject(strategy: Strategy, fault: dict, step: int) -> None:
+    """A configured fault, for real: the strategy ends the worker's process; its next step finds it lost."""
+    print(f"{strategy.name}: injecting fault at step {step}: kill {fault['kill']} '{fault['target']}'",
+          file=sys.stderr)
+    strategy.kill_worker(fault["target"])
+    strategy.events.append({"step": step, "injected": f"kill {fault['kill']} {fault['target']}"})
+
+
+def faults_for(cls: type[Strategy], cfg: dict) -> tuple[list[dict], dict]:
+    """The faults this strategy gets (in its first repeat), and what the record says of them."""
+    if not cfg["faults"] or not cls.distributed:
+        return [], {}
+    if not cls.survives_worker_loss:
+        reason = f"{cls.name} does not survive a lost worker yet: faults not injected"
+        print(reason, file=sys.stderr)
+        return [], {"faults_skipped": reason}
+    return cfg["faults"], {}
 
 
 def step_summary(timed: list[StepTiming]) -> dict:
@@ -80,23 +102,28 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
     except ImportError as e:
         return {**base, "status": "skipped", "reason": str(e), "workers": []}
     strategy = cls(cfg)
+    faults, fault_notes = faults_for(cls, cfg)
     try:
         started = now()
         strategy.start()
         startup_s = now() - started
         total = cfg["repeats"] * (cfg["warmup_steps"] + cfg["steps"])
         with tqdm(total=total, desc=name, unit="step", file=sys.stderr, disable=None, leave=False) as bar:
-            repeats = [train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar) for r in range(cfg["repeats"])]
+            repeats = [train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar, faults if r == 0 else ())
+                       for r in range(cfg["repeats"])]
         workers = strategy.worker_info()
         extras = strategy.record_extras()
     finally:
         strategy.close()
     timed = [t for r in repeats for t in r["timed"]]
     for w in workers:
-        compute = median([t.compute_s[w["name"]] for t in timed])
+        mine = [t for t in timed if w["name"] in t.compute_s]  # a lost worker: the steps it was in
+        if not mine:
+            continue
+        compute = median([t.compute_s[w["name"]] for t in mine])
         w["compute_s"] = compute
-        w["samples_per_s"] = w["batch"] / median([t.total_s for t in timed])  # what it delivers in the run
-        w["compute_samples_per_s"] = w["batch"] / compute                       # what it could alone
+        w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
+        w["compute_samples_per_s"] = w["batch"] / compute                      # what it could alone
     reached = [r["time_to_target_s"] for r in repeats if r["time_to_target_s"] is not None]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     return {
@@ -114,6 +141,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         "startup_s": startup_s,
         "step": step_summary(timed),
         "accuracy_curve": repeats[0]["curve"],
+        **fault_notes,
         **extras,
     }
 

@@ -1,0 +1,66 @@
+"""Faults: a worker killed mid-run (for real) and the run going on with the survivors."""
+import json
+
+import pytest
+
+from strategies.errors import UserError
+from strategies.runner import faults_for, run
+from tests.conftest import small_config
+
+TWO = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
+KILL_SMALL = "faults=[{at_step: 4, kill: worker, target: small}]"
+
+
+def faulted_run(tmp_path, strategy: str, *extra: str) -> tuple[dict, dict]:
+    """single, then `strategy` losing worker 'small' at step 4 of its first repeat (dropout 0)."""
+    cfg = small_config(tmp_path, f"strategies=[single, {strategy}]", TWO, KILL_SMALL, "dropout=0", "steps=8",
+                       "warmup_steps=1", "eval_every=3", "floor.enabled=false", *extra)
+    single, faulted = json.loads(run(cfg).path.read_text())
+    return single, faulted
+
+
+@pytest.mark.parametrize("strategy", ["ray-ps", "dask-sync"])
+def test_a_killed_worker_leaves_the_survivor_training_on_the_whole_global_batch(tmp_path, strategy):
+    single, faulted = faulted_run(tmp_path, strategy, "repeats=2")
+    assert faulted["status"] == "ok"
+    assert faulted["events"] == [{"step": 4, "injected": "kill worker small"},
+                                 {"step": 4, "lost": "small", "node": None, "split": {"big": 64}}]
+    workers = {w["name"]: w for w in faulted["workers"]}
+    assert workers["small"]["lost_at_step"] == 4 and workers["big"]["batch"] == 64
+    # every step, before and after the loss, is one step on the same union batch: with dropout 0
+    # the run follows the single-device trajectory (accuracy on 500 images, one image = 0.002)
+    for a, b in zip(single["accuracy_curve"], faulted["accuracy_curve"], strict=True):
+        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
+    assert faulted["final_accuracy"] == pytest.approx(single["final_accuracy"], abs=0.001)
+
+
+def test_async_goes_on_without_a_killed_worker(tmp_path):
+    _, faulted = faulted_run(tmp_path, "ray-ps-async", "repeats=1", "steps=30")
+    assert faulted["status"] == "ok"
+    assert {"step": 4, "injected": "kill worker small"} in faulted["events"]
+    lost = next(e for e in faulted["events"] if "lost" in e)
+    assert lost["lost"] == "small" and lost["split"] == {"big": 64}
+    assert faulted["final_accuracy"] > 0.3  # still learning on the survivor (chance is 0.1)
+
+
+def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
+    from strategies.ray_train_gloo import RayTrainGloo
+    from strategies.single import Single
+
+    cfg = small_config(tmp_path, TWO, KILL_SMALL)
+    faults, note = faults_for(RayTrainGloo, cfg)
+    assert faults == [] and note == {"faults_skipped": "ray-train-gloo does not survive a lost worker yet: "
+                                                       "faults not injected"}
+    assert faults_for(Single, cfg) == ([], {})  # the baseline has no workers to lose
+
+
+@pytest.mark.parametrize("faults,message", [
+    ("[{at_step: 4, kill: worker, target: nobody}]", "no worker is named 'nobody'"),
+    ("[{at_step: 99, kill: worker, target: small}]", "must be a step of a repeat, 0 to 7"),
+    ("[{at_step: 1, kill: planet, target: small}]", "must be one of worker"),
+    ("[{at_step: 1, target: small}]", "must be a mapping with keys at_step, kill, target"),
+    ("[{at_step: 1, kill: worker, target: small}, {at_step: 2, kill: worker, target: big}]", "kill every worker"),
+])
+def test_bad_faults_are_one_sentence(tmp_path, faults, message):
+    with pytest.raises(UserError, match=message):
+        small_config(tmp_path, TWO, f"faults={faults}", "steps=5", "warmup_steps=3")
