@@ -46,6 +46,8 @@ class Strategy(ABC):
     # Goes on without a worker that dies (a fault, a machine lost): implements kill_worker and
     # keeps info/batches/shares per live worker, calling lose_worker for each lost one.
     survives_worker_loss: ClassVar[bool] = False
+    # Can hand out and take back its model + optimizer (state/load_state): checkpoints, --resume.
+    resumable: ClassVar[bool] = False
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
@@ -71,6 +73,14 @@ class Strategy(ABC):
     @abstractmethod
     def worker_info(self) -> list[dict]:
         """Per worker: name, device (as resolved where it runs), node, batch."""
+
+    def state(self) -> dict:
+        """The master model and optimizer as CPU tensors (checkpoints.train_state)."""
+        raise NotImplementedError(f"{self.name} keeps no checkpoints")
+
+    def load_state(self, state: dict) -> None:
+        """Continue from a state() taken earlier (after reset)."""
+        raise NotImplementedError(f"{self.name} keeps no checkpoints")
 
     def kill_worker(self, name: str) -> None:
         """Fault injection: really end worker `name`'s process; the next step finds it lost."""

@@ -14,8 +14,16 @@ EXIT_BAD_INPUT = 2
 
 def cmd_run(args) -> int:
     from .config import load_config
-    from .runner import run
+    from .runner import resume_run, run
 
+    if args.resume:
+        if args.config or args.set:
+            raise UserError("--resume continues a run with the config it was started with: give no -c or --set")
+        out = resume_run(args.resume, args.results_dir or "results")
+        print(f"\nrecords: {out.path}", file=sys.stderr)
+        return 0
+    if not args.config:
+        raise UserError("hetbench run needs a config (-c CONFIG) or a run to continue (--resume RUN)")
     cfg = load_config(args.config, args.set or [])
     if args.results_dir:
         cfg["results_dir"] = args.results_dir
@@ -72,10 +80,12 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", formatter_class=fmt, help="run the strategies of a config; write records and tables")
-    run.add_argument("-c", "--config", required=True, help="YAML config, e.g. benchmarks/configs/quick.yaml")
+    run.add_argument("-c", "--config", default=None, help="YAML config, e.g. benchmarks/configs/quick.yaml")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a config key (dotted, e.g. workers.0.batch=32); repeatable")
     run.add_argument("--results-dir", default=None, help="override the config's results_dir")
+    run.add_argument("--resume", default=None, metavar="RUN",
+                     help="continue an interrupted run (results/raw/RUN.json, or RUN) from its checkpoints")
     run.set_defaults(func=cmd_run)
 
     report = sub.add_parser("report", formatter_class=fmt, help="comparison tables from record files")

@@ -27,6 +27,7 @@ class DaskSync(Strategy):
     name = "dask-sync"
     floor_transfers = 2.0
     survives_worker_loss = True
+    resumable = True
 
     def start(self) -> None:
         from distributed import Client, LocalCluster
@@ -88,6 +89,12 @@ class DaskSync(Strategy):
         self.weights_now, update_s = self.server.apply(self.shares, *grads)
         total = now() - start
         return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
+
+    def state(self) -> dict:
+        return self.server.state()
+
+    def load_state(self, state: dict) -> None:
+        self.weights_now = self.server.load_state(state)
 
     def kill_worker(self, name: str) -> None:
         rank = next(rank for rank, info in enumerate(self.info) if info["name"] == name)

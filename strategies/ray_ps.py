@@ -33,6 +33,7 @@ class RayParameterServer(Strategy):
     name = "ray-ps"
     floor_transfers = 2.0
     survives_worker_loss = True
+    resumable = True
 
     def start(self) -> None:
         workers = self.cfg["workers"]
@@ -70,6 +71,13 @@ class RayParameterServer(Strategy):
         *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}", survivable=True)
         total = now() - start
         return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
+
+    def state(self) -> dict:
+        return self._get([self.server.state.remote()], "checkpointing")[0]
+
+    def load_state(self, state: dict) -> None:
+        self.weights_ref = self.server.load_state.remote(state)
+        self._get([self.weights_ref], "resuming")
 
     def kill_worker(self, name: str) -> None:
         ray.kill(self.workers[self._rank(name)], no_restart=True)
@@ -140,6 +148,7 @@ class RayParameterServerAsync(RayParameterServer):
 
     name = "ray-ps-async"
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
+    resumable = False       # gradients in flight at a checkpoint would be lost: not built yet
 
     def reset(self, seed: int) -> None:
         self._drain()

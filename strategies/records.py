@@ -86,6 +86,14 @@ class RecordFile:
         self.path = path
         self.records: list[dict] = []
 
+    @classmethod
+    def reopen(cls, path: Path) -> RecordFile:
+        """An interrupted run's record file, to continue: its failed records are dropped (run again)."""
+        out = cls.__new__(cls)
+        out.path = Path(path)
+        out.records = [r for r in read_records([str(path)]) if r.get("status") != "failed"] if out.path.exists() else []
+        return out
+
     def discard(self) -> None:
         """Remove the reservation of a run that wrote nothing."""
         if not self.records:

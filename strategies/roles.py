@@ -9,6 +9,7 @@ import time
 import torch
 
 from .base import step_indices, worker_slice
+from .checkpoints import load_train_state, train_state
 from .clock import now
 from .data import cached_mnist
 from .devices import configure_threads, keep_freed_memory, resolve_device
@@ -96,6 +97,13 @@ class ParameterServer:
         configure_threads(0)
         self.flat = FlatModel(build_model(cfg["dropout"], seed))
         self.optimizer = build_optimizer(self.flat.model.parameters(), cfg["optimizer"], cfg["lr"])
+        return self.flat.params.numpy()
+
+    def state(self) -> dict:
+        return train_state(self.flat, self.optimizer)
+
+    def load_state(self, state: dict):
+        load_train_state(self.flat, self.optimizer, state)
         return self.flat.params.numpy()
 
     def apply(self, shares: list[float], *grads):

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from . import registry
 from .base import StepTiming, Strategy
+from .checkpoints import RunCheckpoints, from_saved, to_saved
 from .clock import cv, median, now
 from .config import balanced
 from .data import Split, cached_mnist
@@ -41,12 +43,20 @@ class Evaluator:
         return accuracy(self.flat.model, self.images[:n], self.labels[:n])
 
 
-def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar, faults=()) -> dict:
-    """Warm-up and timed steps from a fresh model; accuracy checked every eval_every steps off the clock."""
+def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar, faults=(),
+                 save=None, resume: dict | None = None) -> dict:
+    """Warm-up and timed steps from a fresh model (or from `resume`, a checkpoint of this repeat);
+    accuracy checked every eval_every steps off the clock; `save(progress)` every checkpoint_every steps."""
     strategy.reset(seed)
-    clock, timed, curve, time_to_target = 0.0, [], [], None
+    progress = {"next_step": 0, "train_s": 0.0, "timed": [], "curve": [], "time_to_target_s": None}
+    if resume:
+        strategy.load_state(resume["state"])
+        progress = {k: resume[k] for k in progress}
+        bar.update(progress["next_step"])
+    timed, curve = progress["timed"], progress["curve"]
+    clock, time_to_target = progress["train_s"], progress["time_to_target_s"]
     total = cfg["warmup_steps"] + cfg["steps"]
-    for step in range(total):
+    for step in range(progress["next_step"], total):
         for fault in faults:
             if fault["at_step"] == step:
                 inject(strategy, fault, step)
@@ -59,6 +69,9 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
             curve.append({"step": step + 1, "train_s": clock, "accuracy": acc})
             if time_to_target is None and acc >= cfg["target_accuracy"]:
                 time_to_target = clock
+        if save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total:
+            save({"next_step": step + 1, "train_s": clock, "timed": timed, "curve": curve,
+                  "time_to_target_s": time_to_target, "state": strategy.state()})
         bar.update(1)
     timed_s = sum(t.total_s for t in timed)
     return {"samples_per_s": cfg["batch_size"] * len(timed) / timed_s, "timed": timed, "curve": curve,
@@ -95,22 +108,35 @@ def step_summary(timed: list[StepTiming]) -> dict:
     }
 
 
-def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalone: dict | None = None) -> dict:
+def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalone: dict | None = None,
+                 checkpoints: RunCheckpoints | None = None) -> dict:
     base = {"strategy": name, "config": redacted(cfg), "env": env, **scenario(name, cfg)}
     try:
         cls = registry.load(name)
     except ImportError as e:
         return {**base, "status": "skipped", "reason": str(e), "workers": []}
     strategy = cls(cfg)
-    faults, fault_notes = faults_for(cls, cfg)
+    faults, notes = faults_for(cls, cfg)
+    key = scenario_key(name, cfg)
+    saved = checkpoints.load(key) if checkpoints else None
+    if saved:
+        notes["resumed_at"] = {"repeat": len(saved["done"]), "step": saved["progress"]["next_step"]}
+    if cfg["checkpoint_every"] and not cls.resumable:
+        notes["checkpoints_skipped"] = f"{name} keeps no checkpoints yet"
+        print(notes["checkpoints_skipped"], file=sys.stderr)
     try:
         started = now()
         strategy.start()
         startup_s = now() - started
         total = cfg["repeats"] * (cfg["warmup_steps"] + cfg["steps"])
+        repeats = [from_saved(r) for r in saved["done"]] if saved else []
         with tqdm(total=total, desc=name, unit="step", file=sys.stderr, disable=None, leave=False) as bar:
-            repeats = [train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar, faults if r == 0 else ())
-                       for r in range(cfg["repeats"])]
+            bar.update(len(repeats) * (cfg["warmup_steps"] + cfg["steps"]))
+            for r in range(len(repeats), cfg["repeats"]):
+                save = saver(checkpoints, key, repeats) if checkpoints and cls.resumable else None
+                resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
+                repeats.append(train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar,
+                                            faults if r == 0 else (), save, resume))
         workers = strategy.worker_info()
         extras = strategy.record_extras()
     finally:
@@ -141,9 +167,22 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         "startup_s": startup_s,
         "step": step_summary(timed),
         "accuracy_curve": repeats[0]["curve"],
-        **fault_notes,
+        **notes,
         **extras,
     }
+
+
+def saver(checkpoints: RunCheckpoints, key: str, done: list[dict]):
+    """Saves the scenario's finished repeats and the current one's progress (model + optimizer + step)."""
+    def save(progress: dict) -> None:
+        checkpoints.save(key, {"done": [to_saved(r) for r in done], "progress": to_saved(progress)})
+    return save
+
+
+def scenario_key(name: str, cfg: dict) -> str:
+    """One scenario's name in checkpoints and records: the strategy, and the balance it ran with."""
+    balance = scenario(name, cfg)["balance"]
+    return name if balance is None else f"{name}-{balance}"
 
 
 def scenario(name: str, cfg: dict) -> dict:
@@ -184,34 +223,48 @@ def run_floor(cfg: dict, env: dict, link=None) -> dict:
     return {**base, "status": "ok", **figures}
 
 
-def run(cfg: dict) -> RecordFile:
-    """Run every configured strategy, then the floor; a failing strategy keeps the records before it."""
+def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
+    """Run every configured strategy, then the floor; a failing strategy keeps the records before it.
+
+    `resumed`: an interrupted run's records; what they hold is not run again.
+    """
     registry.check_names(cfg["strategies"])
     env = environment()
     _, test = cached_mnist(cfg)  # bad data is refused before any file is reserved
     evaluate = Evaluator(test, cfg)
-    out = RecordFile(cfg["results_dir"], cfg["name"])
+    out = resumed or RecordFile(cfg["results_dir"], cfg["name"])
+    checkpoints = RunCheckpoints(cfg["results_dir"], out.path.stem) if cfg["checkpoint_every"] else None
     try:
+        if checkpoints:
+            checkpoints.save_run(cfg, standalone)
         with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, link):
             if cluster_startup_s is not None:
                 print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
             cluster_cfg = wait_for_workers(cluster_cfg)
-            standalone = measure_standalone(cluster_cfg) if wants_standalone(cluster_cfg) else None
+            if standalone is None and wants_standalone(cluster_cfg):
+                standalone = measure_standalone(cluster_cfg)
+                if checkpoints:  # a resumed run splits as this one did
+                    checkpoints.save_run(cfg, standalone)
             for name, balance in scenarios(cluster_cfg):
                 scenario_cfg = cluster_cfg if balance is None else balanced(cluster_cfg, balance, standalone)
                 label = name if balance is None else f"{name} [{balance}]"
+                if recorded(out.records, name, scenario_cfg):
+                    print(f"{label}: recorded before the run was interrupted, not run again", file=sys.stderr)
+                    continue
                 log.info("running %s", label)
                 try:
-                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone)
+                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints)
                 except RunFailed as e:  # keep what failed in the records too, then end the run
                     out.add({"strategy": name, "status": "failed", "reason": str(e), "workers": [],
                              "config": redacted(scenario_cfg), "env": env, **scenario(name, scenario_cfg)})
                     raise
                 record["cluster_startup_s"] = cluster_startup_s
                 out.add(record)
+                if checkpoints:  # recorded: its checkpoint is no longer needed
+                    checkpoints.remove(scenario_key(name, scenario_cfg))
                 if record["status"] == "skipped":
                     print(f"skipped {label}: {record['reason']}", file=sys.stderr)
-            if cfg["floor"]["enabled"]:
+            if cfg["floor"]["enabled"] and not recorded(out.records, FLOOR_NAME, cfg):
                 out.add(run_floor(cluster_cfg, env, link))
     finally:
         if out.records:
@@ -221,3 +274,19 @@ def run(cfg: dict) -> RecordFile:
     print(markdown(out.records))
     return out
 
+
+def recorded(records: list[dict], name: str, cfg: dict) -> bool:
+    """Whether this scenario's record is already in the run (a resumed run skips it)."""
+    balance = None if name == FLOOR_NAME else scenario(name, cfg)["balance"]
+    return any(r["strategy"] == name and r.get("balance") == balance for r in records)
+
+
+def resume_run(run_id: str, results_dir: str) -> RecordFile:
+    """`hetbench run --resume RUN`: RUN is a record file (results/raw/RUN.json) or its name."""
+    path = Path(run_id)
+    if path.suffix == ".json":
+        results_dir, run_id = str(path.parent.parent), path.stem
+    cfg, standalone = RunCheckpoints(results_dir, run_id).load_run()
+    cfg["results_dir"] = results_dir
+    print(f"resuming run {run_id}", file=sys.stderr)
+    return run(cfg, RecordFile.reopen(Path(results_dir) / "raw" / f"{run_id}.json"), standalone)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from .base import StepTiming, Strategy, step_indices
+from .checkpoints import load_train_state, train_state
 from .clock import now
 from .data import cached_mnist
 from .devices import configure_threads, resolve_device
@@ -18,6 +19,7 @@ from .workload import build_model, build_optimizer, forward_backward
 class Single(Strategy):
     name = "single"
     distributed = False
+    resumable = True
 
     def start(self) -> None:
         configure_threads(self.cfg["threads"])
@@ -45,6 +47,12 @@ class Single(Strategy):
         self.optimizer.step()
         elapsed = now(self.device) - start
         return StepTiming({self.worker_name: elapsed}, comm_s=0.0, wait_s=0.0, total_s=elapsed)
+
+    def state(self) -> dict:
+        return train_state(self.flat, self.optimizer)
+
+    def load_state(self, state: dict) -> None:
+        load_train_state(self.flat, self.optimizer, state)
 
     def weights(self) -> torch.Tensor:
         return self.flat.params.detach().to("cpu", copy=True)

@@ -1,0 +1,80 @@
+"""Checkpoints: a run's config, and per scenario its model + optimizer + step every N steps.
+
+Under <results_dir>/checkpoints/<run>/, where <run> is the record file's name (results/raw/<run>.json):
+run.json holds the resolved config (and the standalone speeds `auto` split by), so `hetbench run
+--resume <run>` repeats nothing already recorded and continues the interrupted scenario from its
+last checkpoint. Batch order comes from (seed, step) alone, so with dropout 0 the resumed run
+follows the uninterrupted run's trajectory exactly.
+"""
+from __future__ import annotations
+
+import copy
+import io
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from .base import StepTiming
+from .errors import UserError
+from .records import atomic_write, atomic_write_bytes, redacted
+
+
+def train_state(flat, optimizer) -> dict:
+    """Model and optimizer of one process, as CPU tensors (what a strategy's state() returns): a
+    snapshot, since state_dict() hands out the optimizer's live tensors."""
+    return {"weights": flat.params.detach().to("cpu", copy=True), "optimizer": copy.deepcopy(optimizer.state_dict())}
+
+
+def load_train_state(flat, optimizer, state: dict) -> None:
+    flat.load_params(state["weights"].to(flat.params.device))
+    optimizer.load_state_dict(state["optimizer"])
+
+
+class RunCheckpoints:
+    def __init__(self, results_dir: str, run: str) -> None:
+        self.dir = Path(results_dir) / "checkpoints" / run
+
+    def save_run(self, cfg: dict, standalone: dict | None) -> None:
+        try:
+            self.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise UserError(f"checkpoint directory {self.dir} is not writable: {e.strerror}") from None
+        atomic_write(self.dir / "run.json", json.dumps({"config": redacted(cfg), "standalone": standalone}, indent=2))
+
+    def load_run(self) -> tuple[dict, dict | None]:
+        try:
+            saved = json.loads((self.dir / "run.json").read_text())
+        except FileNotFoundError:
+            raise UserError(f"run {self.dir.name} kept no checkpoints ({self.dir / 'run.json'} is missing; "
+                            "runs keep them with checkpoint_every > 0)") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{self.dir / 'run.json'} is not valid JSON: {e}") from None
+        return saved["config"], saved["standalone"]
+
+    def save(self, key: str, payload: dict) -> None:
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        atomic_write_bytes(self.dir / f"{key}.pt", buffer.getvalue())
+
+    def load(self, key: str) -> dict | None:
+        path = self.dir / f"{key}.pt"
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, weights_only=False)
+        except Exception as e:  # truncated or foreign file: say which
+            raise UserError(f"checkpoint {path} cannot be read: {e}") from None
+
+    def remove(self, key: str) -> None:
+        (self.dir / f"{key}.pt").unlink(missing_ok=True)
+
+
+def to_saved(repeat: dict) -> dict:
+    """A repeat's results (finished or in progress) with its step timings as plain dicts."""
+    return {**repeat, "timed": [asdict(t) for t in repeat["timed"]]}
+
+
+def from_saved(repeat: dict) -> dict:
+    return {**repeat, "timed": [StepTiming(**t) for t in repeat["timed"]]}

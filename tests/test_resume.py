@@ -1,0 +1,82 @@
+"""Checkpoints and --resume: an interrupted run continues where it stopped, on the same trajectory."""
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from strategies.dask_sync import DaskSync
+from strategies.single import Single
+from tests.conftest import REPO, small_config
+from tests.test_cli import assert_one_line_error, hetbench
+from tests.test_equivalence import UNEQUAL
+
+RUN = ["--set", "strategies=[single, ray-ps]", "--set", "workers=[{name: big, batch: 40}, {name: small, batch: 24}]",
+       "--set", "dropout=0", "--set", "steps=12", "--set", "warmup_steps=0", "--set", "eval_every=3",
+       "--set", "repeats=2", "--set", "checkpoint_every=3", "--set", "floor.enabled=false",
+       "--set", "download=false", "--set", "eval_samples=500", "--set", "standalone_steps=0"]
+
+
+def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_trajectory(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "strategies", "run", "-c", "benchmarks/configs/quick.yaml",
+                             *RUN, "--results-dir", str(tmp_path)],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and not list(tmp_path.glob("checkpoints/*/ray-ps-equal.pt")):
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # ray-ps is between its first checkpoint and its end
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    (record_file,) = tmp_path.glob("raw/*.json")
+    assert [r["strategy"] for r in json.loads(record_file.read_text())] == ["single"]
+
+    resumed = hetbench("run", "--resume", str(record_file), timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "single: recorded before the run was interrupted" in resumed.stderr
+    single, ray_ps = json.loads(record_file.read_text())
+    assert ray_ps["strategy"] == "ray-ps" and ray_ps["status"] == "ok"
+    assert ray_ps["resumed_at"]["repeat"] * 12 + ray_ps["resumed_at"]["step"] >= 3
+    # dropout 0: every ray-ps step equals the single-device step, so the resumed run's accuracy
+    # follows the uninterrupted baseline's, checkpoint by checkpoint (one image of 500 = 0.002)
+    for a, b in zip(single["accuracy_curve"], ray_ps["accuracy_curve"], strict=True):
+        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
+    assert ray_ps["final_accuracy"] == pytest.approx(single["final_accuracy"], abs=0.001)
+    left = sorted(p.name for p in tmp_path.glob("checkpoints/*/*"))
+    assert left == ["run.json"]  # a recorded scenario's checkpoint is removed
+
+
+@pytest.mark.parametrize("strategy_cls", [Single, DaskSync])
+def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls):
+    strategy = strategy_cls(small_config(tmp_path, UNEQUAL, "dropout=0"))
+    try:
+        strategy.start()
+        strategy.reset(0)
+        for step in range(3):
+            strategy.step(step)
+        state = strategy.state()
+        for step in range(3, 5):
+            strategy.step(step)
+        straight = strategy.weights().clone()
+        strategy.reset(0)
+        strategy.load_state(state)
+        for step in range(3, 5):
+            strategy.step(step)
+        assert torch.equal(strategy.weights(), straight)
+    finally:
+        strategy.close()
+
+
+def test_resume_refuses_what_it_cannot_continue(tmp_path):
+    assert_one_line_error(hetbench("run", "--resume", "nothing-like-it", "--results-dir", str(tmp_path)),
+                          "run nothing-like-it kept no checkpoints")
+    assert_one_line_error(hetbench("run", "--resume", "x", "-c", "benchmarks/configs/quick.yaml"),
+                          "--resume continues a run with the config it was started with")
+    assert_one_line_error(hetbench("run"), "needs a config (-c CONFIG) or a run to continue (--resume RUN)")
