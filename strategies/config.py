@@ -188,6 +188,9 @@ def validate(cfg: dict) -> None:
         raise UserError(f"config key 'link.rate' must look like 100mbit or 1gbit, got {cfg['link']['rate']!r}")
     if cfg["link"]["rate"] and cfg["cluster"]["mode"] != "local-multinode":
         raise UserError("link.rate emulates the links of a local-multinode cluster: set cluster.mode local-multinode")
+    if cfg["cluster"]["mode"] == "local-multinode" and not any(w["node"] for w in cfg["workers"]):
+        raise UserError("cluster.mode local-multinode needs workers with a 'node' placement label "
+                        "(e.g. node: desktop, node: mac)")
     if not cfg["balance"]:
         raise UserError("config key 'balance' must list at least one of equal, proportional, auto")
     if not cfg["strategies"]:

@@ -33,12 +33,8 @@ HOST_IP = "127.0.0.1"
 
 
 def placement_labels(cfg: dict) -> list[str]:
-    """Placement labels in worker order; the first is the head node's."""
-    labels = list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
-    if not labels:
-        raise UserError("cluster.mode local-multinode needs workers with a 'node' placement label "
-                        "(e.g. node: desktop, node: mac)")
-    return labels
+    """Placement labels in worker order; the first is the head node's (config.validate made sure of one)."""
+    return list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
 
 
 class LocalMultinode:

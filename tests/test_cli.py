@@ -52,6 +52,29 @@ def test_negative_batch(config):
     assert_one_line_error(hetbench("run", "-c", config("workers: [{batch: -4}]\n")), "batch must be positive")
 
 
+@pytest.mark.parametrize("text,sets,message", [
+    ("steps: many\n", [], "config key 'steps' must be int, got str 'many'"),
+    ("- just\n- a list\n", [], "must be a mapping of keys to values"),
+    ("workers: [{name: a}, {name: a}]\n", [], "duplicate worker name 'a'"),
+    ("workers: [{share: 0.5}, {share: 0.4}]\n", [], "worker shares must sum to 1, they sum to 0.9"),
+    ("workers: [{batch: 8}, {share: 0.5}]\n", [], "give every worker a 'batch', or every worker a 'share'"),
+    ("workers: [{slowdown: 0.5}]\n", [], "slowdown must be >= 1.0"),
+    ("batch_size: 0\n", [], "'batch_size' must be positive"),
+    ("balance: [fastest]\n", [], "must be one of equal, proportional, auto"),
+    ("steps: 3\n", ["steps"], "--set takes key=value, got 'steps'"),
+    ("steps: 3\n", ["workers.5.batch=2"], "'5' is not an index of a list of 1"),
+    ("steps: 3\n", ["faults=[{at_step: 1, kill: worker, target: mac}]"], "no worker is named 'mac'"),
+    ("steps: 3\n", ["link.rate=fast"], "must look like 100mbit or 1gbit"),
+    ("cluster: {mode: cloud}\n", [], "must be one of local, local-multinode"),
+    ("cluster: {mode: local-multinode}\nstrategies: [ray-ps]\n", [], "needs workers with a 'node' placement label"),
+])
+def test_config_mistakes_are_one_sentence(config, tmp_path, text, sets, message):
+    overrides = [arg for item in sets for arg in ("--set", item)]
+    result = hetbench("run", "-c", config(text), *overrides, "--results-dir", str(tmp_path / "r"))
+    assert_one_line_error(result, message)
+    assert not (tmp_path / "r").exists()  # nothing reserved, nothing written
+
+
 def test_missing_config_file(tmp_path):
     assert_one_line_error(hetbench("run", "-c", str(tmp_path / "none.yaml")), "does not exist")
 
