@@ -114,7 +114,9 @@ class DaskSync(Strategy):
         return torch.from_numpy(self.weights_now.copy())
 
     def worker_info(self) -> list[dict]:
-        return [dict(i, dask_worker=a) for i, a in zip(self.info, self.addresses)] + [dict(i) for i in self.lost]
+        peaks = self._results(self._calls("peak_rss_mb"), "reading memory")
+        return ([dict(i, dask_worker=a, peak_rss_mb=p) for i, a, p in zip(self.info, self.addresses, peaks)]
+                + [dict(i) for i in self.lost])
 
     def close(self) -> None:
         self.replicas = []

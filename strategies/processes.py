@@ -2,10 +2,18 @@
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
 
 
 def children_of() -> dict[int, list[int]]:

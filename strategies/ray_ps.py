@@ -96,7 +96,8 @@ class RayParameterServer(Strategy):
         return torch.from_numpy(ray.get(self.weights_ref).copy())
 
     def worker_info(self) -> list[dict]:
-        return [dict(i) for i in self.info + self.lost]
+        peaks = self._get([w.peak_rss_mb.remote() for w in self.workers], "reading memory")
+        return [dict(i, peak_rss_mb=p) for i, p in zip(self.info, peaks)] + [dict(i) for i in self.lost]
 
     def close(self) -> None:
         if getattr(self, "cluster", None):

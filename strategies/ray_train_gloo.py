@@ -25,6 +25,7 @@ from .base import (
 from .clock import now
 from .errors import RunFailed
 from .gradients import FlatModel, batch_shares, from_buffer
+from .processes import peak_rss_mb
 from .ray_cluster import RayConnection
 from .roles import Replica
 from .workload import build_optimizer
@@ -137,7 +138,8 @@ def train_loop(config: dict) -> None:
             end = now(device)
             evaluated = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
             # a rank's own work is its compute, as on one device: forward, backward and its update
-            timing = {"compute_s": compute_s + (end - reduced), "comm_s": reduced - computed, "total_s": end - start}
+            timing = {"compute_s": compute_s + (end - reduced), "comm_s": reduced - computed, "total_s": end - start,
+                      "peak_rss_mb": peak_rss_mb()}
             collector.record.remote((repeat, step), rank, timing,
                                     flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None)
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
@@ -212,6 +214,8 @@ class RayTrainGloo(Strategy):
         if snapshot is not None:
             self.snapshot, self.held = snapshot, (self.repeat, step)
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}
+        for r, t in timings.items():
+            self.info[r]["peak_rss_mb"] = t["peak_rss_mb"]
         return StepTiming.synchronous(compute_s, max(t["total_s"] for t in timings.values()))
 
     def weights(self) -> torch.Tensor:

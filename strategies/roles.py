@@ -14,6 +14,7 @@ from .clock import now
 from .data import cached_mnist
 from .devices import configure_threads, keep_freed_memory, resolve_device
 from .gradients import FlatModel, from_buffer, weighted_sum
+from .processes import peak_rss_mb
 from .workload import build_model, build_optimizer, forward_backward
 
 
@@ -39,6 +40,9 @@ class Replica:
     def resplit(self, batches: list[int], rank: int) -> None:
         """After a worker was lost: the survivors' new batches, and my place among them."""
         self.batches, self.rank = batches, rank
+
+    def peak_rss_mb(self) -> float:
+        return peak_rss_mb()
 
     def die(self) -> None:
         """Fault injection: this worker's process ends at once, as if its machine went away."""

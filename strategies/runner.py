@@ -19,6 +19,7 @@ from .floor import FLOOR_NAME, measure_floor
 from .gradients import FlatModel, count_parameters
 from .joined import wait_for_workers
 from .local_cluster import cluster_for_run
+from .processes import peak_rss_mb
 from .records import RecordFile, environment, redacted
 from .registry import BASELINE
 from .report import markdown, write_tables
@@ -165,6 +166,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         "time_to_target_s": median(reached) if len(reached) == len(repeats) else None,
         "target_accuracy": cfg["target_accuracy"],
         "startup_s": startup_s,
+        "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
         "step": step_summary(timed),
         "accuracy_curve": repeats[0]["curve"],
         **notes,

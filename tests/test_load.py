@@ -1,0 +1,25 @@
+"""Load: eight workers (one of them emulated 2x slower) on this 2-core machine, for every strategy."""
+import json
+
+import pytest
+
+from strategies.runner import run
+from tests.conftest import small_config
+
+EIGHT = "workers=[" + ", ".join(["{}"] * 7 + ["{slowdown: 2.0}"]) + "]"
+WORKER_PEAK_MB = 2048  # a worker holds torch, the 1.2M-parameter model and the 5,000-image sample
+
+
+@pytest.mark.parametrize("strategy", ["ray-ps", "ray-ps-async", "dask-sync", "ray-train-gloo"])
+def test_eight_workers_complete_with_coherent_records_and_bounded_memory(tmp_path, strategy):
+    cfg = small_config(tmp_path, f"strategies=[{strategy}]", EIGHT, "batch_size=64", "steps=4", "warmup_steps=1",
+                       "repeats=1", "eval_every=5", "floor.enabled=false", "standalone_steps=0")
+    (record,) = json.loads(run(cfg).path.read_text())
+    assert record["status"] == "ok", record.get("reason")
+    workers = record["workers"]
+    assert sorted(w["name"] for w in workers) == [f"w{i}" for i in range(8)]
+    assert record["split"] == [8] * 8 and sum(w["batch"] for w in workers) == 64
+    assert [w["slowdown"] for w in sorted(workers, key=lambda w: w["name"])] == [1.0] * 7 + [2.0]
+    assert all(0 < w["peak_rss_mb"] < WORKER_PEAK_MB for w in workers), [w["peak_rss_mb"] for w in workers]
+    assert 0 < record["driver_peak_rss_mb"] < 4 * WORKER_PEAK_MB
+    assert record["samples_per_s"] > 0 and len(record["accuracy_curve"]) == 1
