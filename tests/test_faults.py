@@ -43,14 +43,27 @@ def test_async_goes_on_without_a_killed_worker(tmp_path):
     assert faulted["final_accuracy"] > 0.3  # still learning on the survivor (chance is 0.1)
 
 
+def test_ray_train_restarts_its_group_from_the_last_state_and_records_it(tmp_path):
+    single, faulted = faulted_run(tmp_path, "ray-train-gloo", "repeats=1", "steps=12", "checkpoint_every=3")
+    assert faulted["status"] == "ok"
+    assert faulted["events"][0] == {"step": 4, "injected": "kill worker small"}
+    restart = faulted["events"][1]
+    assert restart["restarts"] == 1 and restart["restarted_from_step"] in (3, 6, 9)
+    # the restarted group went on from rank 0's state: still the single-device trajectory (dropout 0)
+    for a, b in zip(single["accuracy_curve"], faulted["accuracy_curve"], strict=True):
+        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
+
+
 def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
-    from strategies.ray_train_gloo import RayTrainGloo
+    from strategies.base import Strategy
     from strategies.single import Single
 
+    class Fragile(Strategy):  # only the class attributes matter here
+        name = "fragile"
+
     cfg = small_config(tmp_path, TWO, KILL_SMALL)
-    faults, note = faults_for(RayTrainGloo, cfg)
-    assert faults == [] and note == {"faults_skipped": "ray-train-gloo does not survive a lost worker yet: "
-                                                       "faults not injected"}
+    assert faults_for(Fragile, cfg) == ([], {"faults_skipped": "fragile does not survive a lost worker yet: "
+                                                                "faults not injected"})
     assert faults_for(Single, cfg) == ([], {})  # the baseline has no workers to lose
 
 
