@@ -29,6 +29,7 @@ DEFAULTS: dict = {
     "seed": 0,                     # model init, batch order and synthetic data
     "balance": ["equal"],          # per-worker batch split, one scenario each: equal | proportional | auto
     "standalone_steps": 10,        # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
+    "train_max_failures": 1,       # ray-train-gloo: Ray Train restarts its group after a lost rank this often
     "max_staleness": 2,            # ray-ps-async: a worker this many versions ahead of the slowest waits
     "threads": 0,                  # torch threads per training process; 0 = host cores / its training processes
     "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
@@ -177,7 +178,8 @@ def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps", "checkpoint_every"):
+    for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps", "checkpoint_every",
+                "train_max_failures"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if not 0.0 <= cfg["dropout"] < 1.0:

@@ -8,7 +8,10 @@ its weights at evaluation steps) to a small collector actor that the driver read
 """
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import sys
 import tempfile
 import threading
 import uuid
@@ -28,6 +31,7 @@ from .gradients import FlatModel, batch_shares, from_buffer
 from .processes import peak_rss_mb
 from .ray_cluster import RayConnection
 from .roles import Replica
+from .checkpoints import load_train_state, train_state
 from .workload import build_optimizer
 
 WAIT_S = 600  # no single step on any device takes this long: past it, something hangs
@@ -42,6 +46,22 @@ class Collector:
         self.ready = threading.Condition()
         self.released: set = set()
         self.stop = False
+        self.repeat = 0          # the repeat the driver is in
+        self.states: dict = {}   # repeat -> (next step, rank 0's model + optimizer): where a restart begins
+        self.starts = 0          # how often the group started (Ray Train restarts it after a lost rank)
+        self.resumed_from = 0    # the step the latest start began at
+
+    def begin(self, rank: int):
+        """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start)."""
+        with self.ready:
+            next_step, state = self.states.get(self.repeat, (0, None))
+            if rank == 0:
+                self.starts, self.resumed_from = self.starts + 1, next_step
+            return self.repeat, next_step, state
+
+    def save_state(self, repeat: int, next_step: int, state: dict) -> None:
+        with self.ready:
+            self.states = {repeat: (next_step, state)}
 
     def record(self, key: tuple, rank: int, timing: dict, weights=None) -> bool:
         with self.ready:
@@ -52,11 +72,14 @@ class Collector:
         return self.stop
 
     def wait(self, key: tuple, timeout_s: float):
-        """All ranks' timings for (repeat, step), and the weights if rank 0 sent them; None on timeout."""
+        """All ranks' timings for (repeat, step), the weights if rank 0 sent them, and how often the
+        group started and where the latest start began; None on timeout."""
         with self.ready:
+            if isinstance(key[0], int):
+                self.repeat = key[0]
             if not self.ready.wait_for(lambda: len(self.steps.get(key, {})) == self.world, timeout_s):
                 return None
-            return self.steps.pop(key), self.snapshots.pop(key, None)
+            return self.steps.pop(key), self.snapshots.pop(key, None), self.starts, self.resumed_from
 
     def hold(self, key: tuple, timeout_s: float) -> bool:
         """Ranks wait here after an evaluation step until the driver has evaluated (or stops them)."""
@@ -73,6 +96,11 @@ class Collector:
         with self.ready:
             self.stop = True
             self.ready.notify_all()
+
+
+@ray.remote(num_cpus=0)
+def kill_process(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
 
 
 def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> None:
@@ -119,12 +147,20 @@ def train_loop(config: dict) -> None:
                                                "node_id": ray.get_runtime_context().get_node_id()})
     share, device = batch_shares(replica.batches)[index], replica.device
     total = cfg["warmup_steps"] + cfg["steps"]
-    for repeat in range(cfg["repeats"]):
+    # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
+    # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
+    # are configured or checkpoints asked for; otherwise from the repeat's start)
+    first_repeat, first_step, state = ray.get(collector.begin.remote(rank))
+    every = cfg["checkpoint_every"] or cfg["eval_every"]
+    keep_state = rank == 0 and bool(cfg["faults"] or cfg["checkpoint_every"])
+    for repeat in range(first_repeat, cfg["repeats"]):
         replica.reset(cfg["seed"] + repeat)
         flat = replica.flat
         optimizer = build_optimizer(flat.model.parameters(), cfg["optimizer"], cfg["lr"])
         staging = torch.zeros(flat.params.numel())
-        for step in range(total):
+        if state is not None and repeat == first_repeat:
+            load_train_state(flat, optimizer, state)
+        for step in range(first_step if repeat == first_repeat else 0, total):
             start = now(device)
             # (1) compute on my own batch
             compute_s = replica.local_step(step)
@@ -144,6 +180,8 @@ def train_loop(config: dict) -> None:
                                     flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None)
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
             # its evaluation never competes with training for the cores
+            if keep_state and (step + 1) % every == 0 and step + 1 < total:
+                collector.save_state.remote(repeat, step + 1, train_state(flat, optimizer))
             if evaluated and ray.get(collector.hold.remote((repeat, step), WAIT_S)):
                 return
     dist.barrier()
@@ -152,6 +190,7 @@ def train_loop(config: dict) -> None:
 class RayTrainGloo(Strategy):
     name = "ray-train-gloo"
     floor_transfers = 1.0
+    survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -171,11 +210,15 @@ class RayTrainGloo(Strategy):
                                          resources_per_worker={"CPU": 0.01},
                                          placement_strategy="SPREAD" if joined else "PACK"),
             run_config=RunConfig(name=f"hetbench-{uuid.uuid4().hex[:12]}", storage_path=self.storage,
-                                 failure_config=FailureConfig(max_failures=0)),
+                                 failure_config=FailureConfig(max_failures=self.cfg["train_max_failures"])),
         )
         self.failure: BaseException | None = None
         self.fit = threading.Thread(target=self._fit, args=(trainer,), daemon=True)
         self.fit.start()
+        self.starts = 1
+        self._read_ready()
+
+    def _read_ready(self) -> None:
         ready = self._wait(("ready",))[0]
         self.info = [ready[r] for r in sorted(ready)]
 
@@ -209,14 +252,30 @@ class RayTrainGloo(Strategy):
             self.held = None
 
     def step(self, step: int) -> StepTiming:
+        started = now()
         self._release()
-        timings, snapshot = self._wait((self.repeat, step))
+        timings, snapshot, starts, resumed_from = self._wait((self.repeat, step))
         if snapshot is not None:
             self.snapshot, self.held = snapshot, (self.repeat, step)
+        total = max(t["total_s"] for t in timings.values())
+        if starts > self.starts:  # Ray Train restarted the group during this step: it costs the step
+            self.starts, total = starts, now() - started
+            self._read_ready()
+            self.events.append({"step": step, "restarted_from_step": resumed_from, "restarts": starts - 1,
+                                "step_s": total})
+            print(f"{self.name}: Ray Train restarted the group; it went on from step {resumed_from}", file=sys.stderr)
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}
         for r, t in timings.items():
             self.info[r]["peak_rss_mb"] = t["peak_rss_mb"]
-        return StepTiming.synchronous(compute_s, max(t["total_s"] for t in timings.values()))
+        return StepTiming.synchronous(compute_s, total)
+
+    def kill_worker(self, name: str) -> None:
+        """End the rank's process on its own node (the Ray Train worker actor), as a lost machine would."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        info = next(i for i in self.info if i["name"] == name)
+        where = NodeAffinitySchedulingStrategy(info["node_id"], soft=False)
+        ray.get(kill_process.options(scheduling_strategy=where).remote(info["pid"]), timeout=WAIT_S)
 
     def weights(self) -> torch.Tensor:
         return from_buffer(self.snapshot)
