@@ -74,7 +74,7 @@ def standalone():
 def test_step(benchmark, request, clusters, standalone, link, n_workers, strategy_name, balance):
     m = MODES[request.config.getoption("--bench-mode")]
     key = (link, n_workers)
-    cluster_cfg, _, emulated_link = clusters(scenario_config(m, link, n_workers), key)
+    cluster_cfg, _, emulated_link, _ = clusters(scenario_config(m, link, n_workers), key)
     benchmark.extra_info.update(strategy=strategy_name, balance=balance, link=link or "loopback", workers=n_workers)
     if strategy_name == FLOOR_NAME:
         figures = {}

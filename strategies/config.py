@@ -72,8 +72,10 @@ NULLABLE = {"name": str, "data_dir": str, "ray_address": str, "dask_scheduler": 
             "rate": str, "speed": float}
 CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local", "local-multinode"),
            "balance": ("equal", "proportional", "auto")}
-FAULT_KEYS = {"at_step": int, "kill": str, "target": str}  # kill: worker (its process, for real)
-FAULT_KINDS = ("worker",)
+# kill: worker (target: a worker's name; its process ends) | node (target: a placement label of a
+# local-multinode cluster, not the head's; its Ray node and Dask workers end)
+FAULT_KEYS = {"at_step": int, "kill": str, "target": str}
+FAULT_KINDS = ("worker", "node")
 RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 
 
@@ -208,7 +210,7 @@ def validate(cfg: dict) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"duplicate worker name '{duplicates[0]}': worker names must be unique")
-    validate_faults(cfg["faults"], names, cfg["warmup_steps"] + cfg["steps"])
+    validate_faults(cfg)
     fixed = any(w["batch"] is not None or w["share"] is not None for w in cfg["workers"])
     if fixed and set(cfg["balance"]) - {"equal"}:
         raise UserError("balance proportional/auto sets every worker's batch: remove the workers' batch/share")
@@ -220,9 +222,13 @@ def validate(cfg: dict) -> None:
     cfg["batch_size"] = sum(batches)
 
 
-def validate_faults(faults: list, names: list[str], total_steps: int) -> None:
-    """Each fault {at_step, kill, target} names a step of a repeat and a configured worker; someone survives."""
-    for i, fault in enumerate(faults):
+def validate_faults(cfg: dict) -> None:
+    """Each fault {at_step, kill, target} names a step of a repeat and a worker or node; someone survives."""
+    names = [w["name"] for w in cfg["workers"]]
+    labels = list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
+    total_steps = cfg["warmup_steps"] + cfg["steps"]
+    killed: set[str] = set()
+    for i, fault in enumerate(cfg["faults"]):
         where = f"faults[{i}]"
         if not isinstance(fault, dict) or set(fault) != set(FAULT_KEYS):
             raise UserError(f"config key '{where}' must be a mapping with keys {', '.join(FAULT_KEYS)}, got {fault!r}")
@@ -231,13 +237,23 @@ def validate_faults(faults: list, names: list[str], total_steps: int) -> None:
                 raise UserError(f"config key '{where}.{key}' must be {want.__name__}, got {fault[key]!r}")
         if fault["kill"] not in FAULT_KINDS:
             raise UserError(f"config key '{where}.kill' must be one of {', '.join(FAULT_KINDS)}, got {fault['kill']!r}")
-        if fault["target"] not in names:
-            raise UserError(f"config key '{where}.target': no worker is named {fault['target']!r} "
-                            f"(workers: {', '.join(names)})")
         if not 0 <= fault["at_step"] < total_steps:
             raise UserError(f"config key '{where}.at_step' must be a step of a repeat, 0 to {total_steps - 1}, "
                             f"got {fault['at_step']}")
-    if len({f["target"] for f in faults}) >= len(names) and faults:
+        if fault["kill"] == "worker":
+            if fault["target"] not in names:
+                raise UserError(f"config key '{where}.target': no worker is named {fault['target']!r} "
+                                f"(workers: {', '.join(names)})")
+            killed.add(fault["target"])
+            continue
+        if cfg["cluster"]["mode"] != "local-multinode":
+            raise UserError(f"config key '{where}': kill node stops a node hetbench started: "
+                            "set cluster.mode local-multinode")
+        if fault["target"] not in labels[1:]:
+            raise UserError(f"config key '{where}.target' must be a placement label of a non-head node "
+                            f"({', '.join(labels[1:]) or 'none'}), got {fault['target']!r}")
+        killed.update(w["name"] for w in cfg["workers"] if w["node"] == fault["target"])
+    if killed and len(killed) >= len(names):
         raise UserError("the faults would kill every worker: leave at least one to go on with")
 
 

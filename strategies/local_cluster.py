@@ -25,7 +25,7 @@ from .errors import UserError
 from .floor import free_port
 from .netns import Link, check_can_emulate
 from .nodes import dask_worker_argv, ray_node_argv
-from .processes import stop_trees
+from .processes import kill_trees, stop_trees
 from .ray_cluster import RAY_ENV
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class LocalMultinode:
     def __init__(self, cfg: dict) -> None:
         self.cfg, self.labels = cfg, placement_labels(cfg)
         self.procs: list[subprocess.Popen] = []
+        self.node_procs: dict[str, list[subprocess.Popen]] = {}  # label -> its Ray node and Dask workers
+        self.node_args: dict[str, list[str]] = {}                 # label -> its `ray start` arguments
         self.links: dict[str, Link] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
         # Token auth on, with a fresh token for this cluster only; the driver joins with it too.
@@ -97,10 +99,13 @@ class LocalMultinode:
         self.procs.append(subprocess.Popen(argv, env=self._env(label), stdout=log_file, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, start_new_session=True))
         log_file.close()
+        if label is not None:
+            self.node_procs.setdefault(label, []).append(self.procs[-1])
         log.info("started %s (pid %d): %s", what, self.procs[-1].pid, " ".join(argv))
 
     def _ray_node(self, label: str, args: list[str]) -> None:
         # every node takes all cores: on one box the emulated machines share them, as the workers' threads do
+        self.node_args[label] = args
         self._spawn([*self._prefix(label), *ray_node_argv(label, *args)], f"ray-{label}", label)
 
     def _dask_worker(self, worker: dict) -> None:
@@ -108,6 +113,22 @@ class LocalMultinode:
         host = self.links[label].ns_ip if label in self.links else self.dask_scheduler.split("//")[1].split(":")[0]
         self._spawn([*self._prefix(label), *dask_worker_argv(self.dask_scheduler, worker["name"], label, host)],
                     f"dask-{worker['name']}", label)
+
+    def kill_node(self, label: str) -> None:
+        """Fault injection: the node's Ray node (raylet, its workers) and Dask workers die at once."""
+        procs = self.node_procs.pop(label, [])
+        kill_trees(procs)
+        self.procs = [p for p in self.procs if p not in procs]
+
+    def revive(self, label: str) -> None:
+        """Start a killed node again (same label, same link), for the scenarios after the fault."""
+        if label in self.node_procs:
+            return
+        self._ray_node(label, self.node_args[label])
+        for w in self.cfg["workers"]:
+            if w["node"] == label:
+                self._dask_worker(w)
+        self._wait_ready()
 
     def _wait_listening(self, address: str, what: str) -> None:
         deadline = time.monotonic() + self.cfg["cluster"]["connect_timeout_s"]
@@ -159,12 +180,13 @@ class LocalMultinode:
 
 @contextmanager
 def cluster_for_run(cfg: dict):
-    """(the config strategies run with, cluster startup seconds, the emulated link or None).
+    """(the config strategies run with, cluster startup seconds, the emulated link or None, the
+    LocalMultinode or None).
 
     A local-multinode cluster lives exactly as long as the `with` block, and its token only in
     this process's environment meanwhile."""
     if cfg["cluster"]["mode"] != "local-multinode":
-        yield cfg, None, None
+        yield cfg, None, None, None
         return
     cluster = LocalMultinode(cfg)
     saved_token = os.environ.get("RAY_AUTH_TOKEN")
@@ -176,7 +198,7 @@ def cluster_for_run(cfg: dict):
         joined = copy.deepcopy(cfg)
         joined["cluster"].update(ray_address=addresses["ray_address"], dask_scheduler=addresses["dask_scheduler"],
                                  wait_for_workers_s=cfg["cluster"]["connect_timeout_s"])  # nodes still registering
-        yield joined, startup_s, next(iter(cluster.links.values()), None)
+        yield joined, startup_s, next(iter(cluster.links.values()), None), cluster
     finally:
         cluster.stop()
         if saved_token is None:

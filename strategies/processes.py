@@ -63,6 +63,16 @@ def stop_trees(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             pass
 
 
+def kill_trees(procs: list[subprocess.Popen], reap_s: float = 10.0) -> None:
+    """SIGKILL each process and its descendants at once (a machine vanishing, not a shutdown), reap."""
+    _signal([p for proc in procs for p in descendants(proc.pid)], signal.SIGKILL)
+    for proc in procs:
+        try:
+            proc.wait(timeout=reap_s)
+        except subprocess.TimeoutExpired:
+            pass
+
+
 def _signal(pids: list[int], sig: int) -> None:
     for pid in pids:
         try:

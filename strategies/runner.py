@@ -45,7 +45,7 @@ class Evaluator:
 
 
 def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar, faults=(),
-                 save=None, resume: dict | None = None) -> dict:
+                 save=None, resume: dict | None = None, cluster=None) -> dict:
     """Warm-up and timed steps from a fresh model (or from `resume`, a checkpoint of this repeat);
     accuracy checked every eval_every steps off the clock; `save(progress)` every checkpoint_every steps."""
     strategy.reset(seed)
@@ -60,7 +60,7 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
     for step in range(progress["next_step"], total):
         for fault in faults:
             if fault["at_step"] == step:
-                inject(strategy, fault, step)
+                inject(strategy, fault, step, cluster)
         timing = strategy.step(step)
         clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
         if step >= cfg["warmup_steps"]:
@@ -79,11 +79,15 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
             "time_to_target_s": time_to_target, "final_accuracy": evaluate(strategy.weights(), full=True)}
 
 
-def inject(strategy: Strategy, fault: dict, step: int) -> None:
-    """A configured fault, for real: the strategy ends the worker's process; its next step finds it lost."""
+def inject(strategy: Strategy, fault: dict, step: int, cluster=None) -> None:
+    """A configured fault, for real: a worker's process, or a whole local node's processes, end now;
+    the strategy's next step finds its workers lost."""
     print(f"{strategy.name}: injecting fault at step {step}: kill {fault['kill']} '{fault['target']}'",
           file=sys.stderr)
-    strategy.kill_worker(fault["target"])
+    if fault["kill"] == "node":
+        cluster.kill_node(fault["target"])
+    else:
+        strategy.kill_worker(fault["target"])
     strategy.events.append({"step": step, "injected": f"kill {fault['kill']} {fault['target']}"})
 
 
@@ -110,7 +114,7 @@ def step_summary(timed: list[StepTiming]) -> dict:
 
 
 def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalone: dict | None = None,
-                 checkpoints: RunCheckpoints | None = None) -> dict:
+                 checkpoints: RunCheckpoints | None = None, cluster=None) -> dict:
     base = {"strategy": name, "config": redacted(cfg), "env": env, **scenario(name, cfg)}
     try:
         cls = registry.load(name)
@@ -137,11 +141,14 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
                 save = saver(checkpoints, key, repeats) if checkpoints and cls.resumable else None
                 resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
                 repeats.append(train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar,
-                                            faults if r == 0 else (), save, resume))
+                                            faults if r == 0 else (), save, resume, cluster))
         workers = strategy.worker_info()
         extras = strategy.record_extras()
     finally:
         strategy.close()
+        for fault in faults:  # a killed node comes back for the scenarios after this one
+            if fault["kill"] == "node":
+                cluster.revive(fault["target"])
     timed = [t for r in repeats for t in r["timed"]]
     for w in workers:
         mine = [t for t in timed if w["name"] in t.compute_s]  # a lost worker: the steps it was in
@@ -239,7 +246,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
     try:
         if checkpoints:
             checkpoints.save_run(cfg, standalone)
-        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, link):
+        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, link, cluster):
             if cluster_startup_s is not None:
                 print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
             cluster_cfg = wait_for_workers(cluster_cfg)
@@ -255,7 +262,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     continue
                 log.info("running %s", label)
                 try:
-                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints)
+                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints, cluster)
                 except RunFailed as e:  # keep what failed in the records too, then end the run
                     out.add({"strategy": name, "status": "failed", "reason": str(e), "workers": [],
                              "config": redacted(scenario_cfg), "env": env, **scenario(name, scenario_cfg)})

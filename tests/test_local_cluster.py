@@ -158,3 +158,18 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     assert processes_mentioning(*cluster_addresses(records)) == []
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     assert "hb" not in names
+
+
+def test_a_killed_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "strategies=[ray-ps, dask-sync]",
+                      "--set", "steps=8", "--set", "faults=[{at_step: 3, kill: node, target: mac}]",
+                      "--set", "floor.enabled=false", "--set", "standalone_steps=0", "--results-dir", str(tmp_path),
+                      timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(tmp_path)
+    assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
+    for record in records:  # the node was there again for dask-sync, and killed again
+        assert record["events"][0] == {"step": 3, "injected": "kill node mac"}
+        lost = record["events"][1]
+        assert lost["lost"] == "mac" and lost["node"] == "mac" and lost["split"] == {"desk": 96}
+    assert processes_mentioning(*cluster_addresses(records)) == []
