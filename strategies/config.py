@@ -54,6 +54,7 @@ DEFAULTS: dict = {
         "ray_address": None,       # ray://host:10001 or host:6379 to join an existing cluster
         "dask_scheduler": None,    # tcp://host:8786 to join an existing scheduler
         "connect_timeout_s": 30.0, # bound on joining either
+        "step_timeout_s": 300.0,   # dask-sync: a worker silent this long in one step is lost (Ray has health checks)
         "wait_for_workers_s": 0.0, # joined: wait this long for every worker's node to join (0 = no wait)
         "allow_missing": False,    # joined: after that wait, run without workers whose node is missing
     },
@@ -73,9 +74,10 @@ NULLABLE = {"name": str, "data_dir": str, "ray_address": str, "dask_scheduler": 
 CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local", "local-multinode"),
            "balance": ("equal", "proportional", "auto")}
 # kill: worker (target: a worker's name; its process ends) | node (target: a placement label of a
-# local-multinode cluster, not the head's; its Ray node and Dask workers end)
+# local-multinode cluster, not the head's; its Ray node and Dask workers end) | link (target: the
+# same, behind an emulated link.rate link; the link goes down)
 FAULT_KEYS = {"at_step": int, "kill": str, "target": str}
-FAULT_KINDS = ("worker", "node")
+FAULT_KINDS = ("worker", "node", "link")
 RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 
 
@@ -184,6 +186,8 @@ def validate(cfg: dict) -> None:
                 "train_max_failures"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
+    if cfg["cluster"]["step_timeout_s"] <= 0 or cfg["cluster"]["connect_timeout_s"] <= 0:
+        raise UserError("config keys 'cluster.step_timeout_s' and 'cluster.connect_timeout_s' must be positive")
     if not 0.0 <= cfg["dropout"] < 1.0:
         raise UserError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']}")
     if cfg["lr"] <= 0 or not 0 < cfg["target_accuracy"] <= 1:
@@ -247,8 +251,10 @@ def validate_faults(cfg: dict) -> None:
             killed.add(fault["target"])
             continue
         if cfg["cluster"]["mode"] != "local-multinode":
-            raise UserError(f"config key '{where}': kill node stops a node hetbench started: "
+            raise UserError(f"config key '{where}': kill {fault['kill']} acts on a node hetbench started: "
                             "set cluster.mode local-multinode")
+        if fault["kill"] == "link" and not cfg["link"]["rate"]:
+            raise UserError(f"config key '{where}': kill link cuts an emulated link: set link.rate (e.g. 1gbit)")
         if fault["target"] not in labels[1:]:
             raise UserError(f"config key '{where}.target' must be a placement label of a non-head node "
                             f"({', '.join(labels[1:]) or 'none'}), got {fault['target']!r}")

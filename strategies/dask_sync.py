@@ -20,7 +20,6 @@ from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
 from .roles import ParameterServer, Replica
 
-STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, something hangs
 
 
 class DaskSync(Strategy):
@@ -140,11 +139,12 @@ class DaskSync(Strategy):
         """Results, or one sentence: bad input stays bad input, a lost worker is named (or, where
         the caller can go on without it, WorkersLost with the lost workers' ranks)."""
         values, lost, failure = [], [], None
+        deadline = now() + self.cfg["cluster"]["step_timeout_s"]  # silent past it: cut off, asleep, gone
         for rank, future in enumerate(futures):
             try:
                 if isinstance(future, Exception):
                     raise future
-                values.append(future.result(timeout=STEP_TIMEOUT_S))
+                values.append(future.result(timeout=max(0.1, deadline - now())))
             except UserError:
                 raise
             except Exception as e:  # a lost worker, or a task's own exception
@@ -162,6 +162,7 @@ class DaskSync(Strategy):
 
 
 def _worker_gone(e: Exception) -> bool:
-    """An actor call failed because its worker's process is gone (measured: OSError while the
-    connection breaks, then RuntimeError 'Worker holding Actor was lost'), not because of the task."""
+    """An actor call failed because its worker is gone or silent past the step timeout (measured:
+    OSError while the connection breaks, then RuntimeError 'Worker holding Actor was lost';
+    TimeoutError, an OSError too), not because of the task."""
     return isinstance(e, OSError) or "Worker holding Actor was lost" in str(e)

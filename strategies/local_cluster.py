@@ -30,6 +30,8 @@ from .ray_cluster import RAY_ENV
 
 log = logging.getLogger(__name__)
 HOST_IP = "127.0.0.1"
+HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
+                 "RAY_health_check_failure_threshold": "3"}
 
 
 def placement_labels(cfg: dict) -> list[str]:
@@ -45,12 +47,16 @@ class LocalMultinode:
         self.procs: list[subprocess.Popen] = []
         self.node_procs: dict[str, list[subprocess.Popen]] = {}  # label -> its Ray node and Dask workers
         self.node_args: dict[str, list[str]] = {}                 # label -> its `ray start` arguments
+        self.cut: set[str] = set()                                # labels whose link a fault cut
         self.links: dict[str, Link] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
         # Token auth on, with a fresh token for this cluster only; the driver joins with it too.
         self.env = {**os.environ, **RAY_ENV, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
                     "RAY_AUTH_TOKEN": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
         self.env.pop("RAY_ADDRESS", None)
+        # A node cut off (a fault, a lost link) is declared dead within about 10 s, not Ray's ~30-60 s.
+        for key, value in HEALTH_CHECKS.items():
+            self.env.setdefault(key, value)
 
     def start(self) -> dict:
         """Bring the nodes up; returns the cluster addresses strategies join."""
@@ -120,8 +126,21 @@ class LocalMultinode:
         kill_trees(procs)
         self.procs = [p for p in self.procs if p not in procs]
 
+    def cut_link(self, label: str) -> None:
+        """Fault injection: the node's link goes down; its processes run on, cut off."""
+        self.links[label].cut()
+        self.cut.add(label)
+
     def revive(self, label: str) -> None:
-        """Start a killed node again (same label, same link), for the scenarios after the fault."""
+        """Start a killed or cut-off node again (same label, same link), for the scenarios after the
+        fault: Ray has declared it dead, so its cut-off processes are ended first."""
+        if label in self.cut:
+            self.links[label].restore()
+            self.cut.discard(label)
+            self.kill_node(label)
+            # the scheduler must drop the cut-off workers before new ones may take their names
+            gone = {w["name"] for w in self.cfg["workers"] if w["node"] == label}
+            self._wait_dask(lambda names: sorted(gone & names), "did not leave")
         if label in self.node_procs:
             return
         self._ray_node(label, self.node_args[label])
@@ -145,19 +164,23 @@ class LocalMultinode:
 
     def _wait_ready(self) -> None:
         """Every Dask worker joined (Ray nodes are waited for by whoever joins: RayConnection), or who is missing."""
+        expected = {w["name"] for w in self.cfg["workers"]}
+        self._wait_dask(lambda names: sorted(expected - names), "did not join")
+
+    def _wait_dask(self, offending, what: str) -> None:
+        """Poll the scheduler's worker names until `offending(names)` is empty, within connect_timeout_s."""
         from distributed import Client
 
         timeout = self.cfg["cluster"]["connect_timeout_s"]
         deadline = time.monotonic() + timeout
         with Client(self.dask_scheduler, timeout=timeout) as client:
-            expected = {w["name"] for w in self.cfg["workers"]}
             while True:
                 self._check_alive()
-                missing = sorted(expected - {w["name"] for w in client.scheduler_info()["workers"].values()})
-                if not missing:
+                left = offending({w["name"] for w in client.scheduler_info()["workers"].values()})
+                if not left:
                     return
                 if time.monotonic() > deadline:
-                    raise UserError(f"local-multinode: Dask worker '{missing[0]}' did not join within {timeout:g} s "
+                    raise UserError(f"local-multinode: Dask worker '{left[0]}' {what} within {timeout:g} s "
                                     f"(logs: {self.temp_dir})")
                 time.sleep(0.3)
 

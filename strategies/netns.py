@@ -68,6 +68,13 @@ class Link:
         name the link's own end instead, on each side."""
         return {"GLOO_SOCKET_IFNAME": self.ns_dev if inside else self.host_dev}
 
+    def cut(self) -> None:
+        """Fault injection: the link goes down (host end), as a dropped Wi-Fi would; nothing passes."""
+        _run("ip", "link", "set", self.host_dev, "down")
+
+    def restore(self) -> None:
+        _run("ip", "link", "set", self.host_dev, "up")
+
     def close(self) -> None:
         if self.created:  # deleting the namespace removes the veth pair with it
             subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)

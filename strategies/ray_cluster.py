@@ -93,6 +93,17 @@ class RayConnection:
                 os.environ[key] = value
 
 
+def on_driver_node() -> dict:
+    """Actor options that keep a coordinating actor (parameter server, collector) on the driver's own
+    node: losing another machine must not take it along (measured: an unpinned server landed on the
+    `mac` node, and a killed `mac` ended the run)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node = ray.get_runtime_context().get_node_id()
+    return {"num_cpus": 0, "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+
+
 def placement(worker: dict) -> dict:
     """Actor options that pin a worker to the node advertising its label (anywhere if it has none)."""
     return {"num_cpus": 0, "resources": {worker["node"]: 0.001} if worker["node"] else {}}

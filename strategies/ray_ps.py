@@ -14,7 +14,7 @@ from .base import StepTiming, Strategy, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
-from .ray_cluster import RayConnection, placement
+from .ray_cluster import RayConnection, on_driver_node, placement
 from .roles import ParameterServer, Replica
 
 
@@ -41,7 +41,7 @@ class RayParameterServer(Strategy):
         self.shares = batch_shares(self.batches)  # the sample-weighted rule, as weights
         self.specs = list(workers)                 # the live workers' configs, in rank order
         self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
-        self.server = RemoteServer.options(num_cpus=0).remote()
+        self.server = RemoteServer.options(**on_driver_node()).remote()
         self.workers = [RemoteWorker.options(**placement(w)).remote() for w in workers]
         joined = bool(self.cfg["cluster"]["ray_address"])
         self.info = self._get([w.setup.remote(self.cfg, rank, workers_per_host(self.cfg, spec, joined))
@@ -57,6 +57,7 @@ class RayParameterServer(Strategy):
             try:
                 return self._step(step, start)
             except WorkersLost as e:  # the server never ran this step's update: redo it with the survivors
+                _discard(self.step_refs)
                 self.weights_ref = weights_before
                 self._lose(e.ranks, step)
 
@@ -67,6 +68,7 @@ class RayParameterServer(Strategy):
         # (2) (3) the server combines by the sample-weighted rule and steps; Ray passes it the
         # gradients straight from the workers' object-store entries
         self.weights_ref, update_ref = self.server.apply.options(num_returns=2).remote(self.shares, *grads)
+        self.step_refs = [*grads, self.weights_ref, update_ref]
         # the update's timing is the server's other return: once it is here, so are the new weights
         *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}", survivable=True)
         total = now() - start
@@ -126,6 +128,15 @@ def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict],
         raise RunFailed(f"{owner}: no answer from the workers while {doing}") from None
 
 
+def _discard(refs: list) -> None:
+    """Read a failed step's results once, so Ray does not report their errors as unhandled."""
+    for ref in refs:
+        try:
+            ray.get(ref, timeout=STEP_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - the failure is what we expect here
+            pass
+
+
 def dead_ranks(actors: list) -> list[int]:
     """The ranks of the actors that no longer answer."""
     dead = []
@@ -181,6 +192,7 @@ class RayParameterServerAsync(RayParameterServer):
             try:
                 computes[self.info[rank]["name"]].append(self._get([compute_ref], f"step {step}", survivable=True)[0])
             except WorkersLost as e:  # its gradient never came: go on with the others
+                _discard([ready[0]])
                 self._lose(e.ranks, step)
                 continue
             # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch

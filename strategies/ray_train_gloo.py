@@ -29,7 +29,7 @@ from .clock import now
 from .errors import RunFailed
 from .gradients import FlatModel, batch_shares, from_buffer
 from .processes import peak_rss_mb
-from .ray_cluster import RayConnection
+from .ray_cluster import RayConnection, on_driver_node
 from .roles import Replica
 from .checkpoints import load_train_state, train_state
 from .workload import build_optimizer
@@ -199,7 +199,7 @@ class RayTrainGloo(Strategy):
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers = self.cfg["workers"]
         self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
-        self.collector = Collector.remote(len(workers))
+        self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
         joined = bool(self.cfg["cluster"]["ray_address"])
         trainer = TorchTrainer(
@@ -261,8 +261,7 @@ class RayTrainGloo(Strategy):
         if starts > self.starts:  # Ray Train restarted the group during this step: it costs the step
             self.starts, total = starts, now() - started
             self._read_ready()
-            self.events.append({"step": step, "restarted_from_step": resumed_from, "restarts": starts - 1,
-                                "step_s": total})
+            self.events.append({"step": step, "restarted_from_step": resumed_from, "restarts": starts - 1})
             print(f"{self.name}: Ray Train restarted the group; it went on from step {resumed_from}", file=sys.stderr)
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}
         for r, t in timings.items():

@@ -61,7 +61,10 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
         for fault in faults:
             if fault["at_step"] == step:
                 inject(strategy, fault, step, cluster)
+        seen = len(strategy.events)
         timing = strategy.step(step)
+        for event in strategy.events[seen:]:  # what a loss or restart cost: the whole step it happened in
+            event["step_s"] = timing.total_s
         clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
         if step >= cfg["warmup_steps"]:
             timed.append(timing)
@@ -86,6 +89,8 @@ def inject(strategy: Strategy, fault: dict, step: int, cluster=None) -> None:
           file=sys.stderr)
     if fault["kill"] == "node":
         cluster.kill_node(fault["target"])
+    elif fault["kill"] == "link":
+        cluster.cut_link(fault["target"])
     else:
         strategy.kill_worker(fault["target"])
     strategy.events.append({"step": step, "injected": f"kill {fault['kill']} {fault['target']}"})
@@ -146,8 +151,8 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         extras = strategy.record_extras()
     finally:
         strategy.close()
-        for fault in faults:  # a killed node comes back for the scenarios after this one
-            if fault["kill"] == "node":
+        for fault in faults:  # a killed or cut-off node comes back for the scenarios after this one
+            if fault["kill"] in ("node", "link"):
                 cluster.revive(fault["target"])
     timed = [t for r in repeats for t in r["timed"]]
     for w in workers:

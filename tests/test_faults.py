@@ -23,8 +23,10 @@ def faulted_run(tmp_path, strategy: str, *extra: str) -> tuple[dict, dict]:
 def test_a_killed_worker_leaves_the_survivor_training_on_the_whole_global_batch(tmp_path, strategy):
     single, faulted = faulted_run(tmp_path, strategy, "repeats=2")
     assert faulted["status"] == "ok"
-    assert faulted["events"] == [{"step": 4, "injected": "kill worker small"},
-                                 {"step": 4, "lost": "small", "node": None, "split": {"big": 64}}]
+    injected, lost = faulted["events"]
+    assert injected == {"step": 4, "injected": "kill worker small"}
+    assert lost == {"step": 4, "lost": "small", "node": None, "split": {"big": 64}, "step_s": lost["step_s"]}
+    assert lost["step_s"] > 0
     workers = {w["name"]: w for w in faulted["workers"]}
     assert workers["small"]["lost_at_step"] == 4 and workers["big"]["batch"] == 64
     # every step, before and after the loss, is one step on the same union batch: with dropout 0
@@ -37,7 +39,7 @@ def test_a_killed_worker_leaves_the_survivor_training_on_the_whole_global_batch(
 def test_async_goes_on_without_a_killed_worker(tmp_path):
     _, faulted = faulted_run(tmp_path, "ray-ps-async", "repeats=1", "steps=30")
     assert faulted["status"] == "ok"
-    assert {"step": 4, "injected": "kill worker small"} in faulted["events"]
+    assert faulted["events"][0]["injected"] == "kill worker small" and faulted["events"][0]["step"] == 4
     lost = next(e for e in faulted["events"] if "lost" in e)
     assert lost["lost"] == "small" and lost["split"] == {"big": 64}
     assert faulted["final_accuracy"] > 0.3  # still learning on the survivor (chance is 0.1)
@@ -46,9 +48,9 @@ def test_async_goes_on_without_a_killed_worker(tmp_path):
 def test_ray_train_restarts_its_group_from_the_last_state_and_records_it(tmp_path):
     single, faulted = faulted_run(tmp_path, "ray-train-gloo", "repeats=1", "steps=12", "checkpoint_every=3")
     assert faulted["status"] == "ok"
-    assert faulted["events"][0] == {"step": 4, "injected": "kill worker small"}
+    assert faulted["events"][0]["injected"] == "kill worker small"
     restart = faulted["events"][1]
-    assert restart["restarts"] == 1 and restart["restarted_from_step"] in (3, 6, 9)
+    assert restart["restarts"] == 1 and restart["restarted_from_step"] in (3, 6, 9) and restart["step_s"] > 0
     # the restarted group went on from rank 0's state: still the single-device trajectory (dropout 0)
     for a, b in zip(single["accuracy_curve"], faulted["accuracy_curve"], strict=True):
         assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)

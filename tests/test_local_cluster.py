@@ -169,7 +169,51 @@ def test_a_killed_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path
     records = records_of(tmp_path)
     assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
     for record in records:  # the node was there again for dask-sync, and killed again
-        assert record["events"][0] == {"step": 3, "injected": "kill node mac"}
+        assert record["events"][0]["injected"] == "kill node mac" and record["events"][0]["step"] == 3
         lost = record["events"][1]
         assert lost["lost"] == "mac" and lost["node"] == "mac" and lost["split"] == {"desk": 96}
     assert processes_mentioning(*cluster_addresses(records)) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs root (CI runs as root)")
+def test_a_cut_link_is_survived_and_restored_for_the_next_scenario(tmp_path):
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "strategies=[ray-ps, dask-sync]",
+                      "--set", "steps=8", "--set", "link.rate=1gbit", "--set", "cluster.step_timeout_s=20",
+                      "--set", "faults=[{at_step: 3, kill: link, target: mac}]", "--set", "floor.enabled=false",
+                      "--set", "standalone_steps=0", "--results-dir", str(tmp_path), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(tmp_path)
+    assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
+    for record in records:  # Ray's health checks found the node gone; Dask's step timeout did
+        assert record["events"][0]["injected"] == "kill link mac" and record["events"][0]["step"] == 3
+        assert record["events"][1]["lost"] == "mac" and record["events"][1]["split"] == {"desk": 96}
+    assert processes_mentioning(*cluster_addresses(records)) == []
+    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                                          check=False).stdout.split() if n.startswith("hb")]
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The addresses something listens on at TCP `port`, from /proc/net/tcp and tcp6."""
+    found = set()
+    for table, width in (("/proc/net/tcp", 8), ("/proc/net/tcp6", 32)):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, port_hex = local.split(":")
+            if state == "0A" and int(port_hex, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                found.add(".".join(str(b) for b in reversed(raw)) if width == 8 else raw.hex())
+    return found
+
+
+def test_the_dask_scheduler_of_a_local_cluster_listens_on_loopback_only():
+    from strategies.config import load_config
+    from strategies.local_cluster import LocalMultinode
+
+    cfg = load_config(None, ["workers=[{name: desk, node: desktop}, {name: mac, node: mac}]",
+                             "cluster.mode=local-multinode", "download=false"])
+    cluster = LocalMultinode(cfg)
+    try:
+        scheduler = cluster.start()["dask_scheduler"]
+        assert listening_addresses(int(scheduler.rsplit(":", 1)[1])) == {"127.0.0.1"}
+    finally:
+        cluster.stop()
