@@ -118,10 +118,11 @@ class Strategy(ABC):
 
 
 def quiet_loggers(*names: str) -> None:
-    """Keep a cluster library's own chatter off the terminal, unless the user asked for logs (-v)."""
+    """Keep a cluster library's own chatter (and its tracebacks) off the terminal, unless the user
+    asked for logs (-v): the strategies report every failure themselves, in one sentence."""
     if logging.getLogger().getEffectiveLevel() > logging.INFO:
         for name in names:
-            logging.getLogger(name).setLevel(logging.ERROR)
+            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def step_indices(n: int, global_batch: int, seed: int, step: int) -> np.ndarray:

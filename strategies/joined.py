@@ -3,6 +3,7 @@ Dask worker (the Mac may still be starting), saying who is missing; bounded by
 `cluster.wait_for_workers_s`, then a clear failure, or without them if `cluster.allow_missing`."""
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
 import time
@@ -14,21 +15,23 @@ from .ray_cluster import RayConnection
 REPORT_EVERY_S = 10.0
 
 
-def _dask_labels(address: str, timeout_s: float) -> set[str]:
+def _dask_labels(client) -> set[str]:
+    return {label for w in client.scheduler_info()["workers"].values() for label in w.get("resources", {})}
+
+
+def _dask_client(cluster: dict):
     from distributed import Client
 
-    with Client(address, timeout=timeout_s) as client:
-        return {label for w in client.scheduler_info()["workers"].values() for label in w.get("resources", {})}
+    return Client(cluster["dask_scheduler"], timeout=cluster["connect_timeout_s"])
 
 
-def missing_labels(cfg: dict, wanted: set[str], ray_conn) -> dict[str, list[str]]:
+def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[str]]:
     """label -> the systems (Ray node, Dask worker) that do not have it yet."""
-    cluster = cfg["cluster"]
     have = {}
     if ray_conn is not None:
         have["Ray node"] = set(ray_conn.ray.cluster_resources())
-    if cluster["dask_scheduler"]:
-        have["Dask worker"] = _dask_labels(cluster["dask_scheduler"], cluster["connect_timeout_s"])
+    if dask_client is not None:
+        have["Dask worker"] = _dask_labels(dask_client)
     return {label: [system for system, labels in have.items() if label not in labels]
             for label in sorted(wanted) if any(label not in labels for labels in have.values())}
 
@@ -39,11 +42,14 @@ def wait_for_workers(cfg: dict) -> dict:
     wanted = {w["node"] for w in cfg["workers"] if w["node"]}
     if not wanted or not (cluster["ray_address"] or cluster["dask_scheduler"]):
         return cfg
-    ray_conn = RayConnection(cfg, set()) if cluster["ray_address"] else None
-    try:
+    with contextlib.ExitStack() as stack:
+        ray_conn = RayConnection(cfg, set()) if cluster["ray_address"] else None
+        if ray_conn is not None:
+            stack.callback(ray_conn.close)
+        dask_client = stack.enter_context(_dask_client(cluster)) if cluster["dask_scheduler"] else None
         deadline, next_report = time.monotonic() + cluster["wait_for_workers_s"], 0.0
         while True:
-            missing = missing_labels(cfg, wanted, ray_conn)
+            missing = missing_labels(wanted, ray_conn, dask_client)
             if not missing:
                 return cfg
             who = "; ".join(f"'{label}' ({', '.join(systems)})" for label, systems in missing.items())
@@ -54,9 +60,6 @@ def wait_for_workers(cfg: dict) -> dict:
                 print(f"waiting for {who} to join: {left:.0f} s left", file=sys.stderr, flush=True)
                 next_report = time.monotonic() + REPORT_EVERY_S
             time.sleep(1.0)
-    finally:
-        if ray_conn is not None:
-            ray_conn.close()
     if not cluster["allow_missing"]:
         raise UserError(f"{who} did not join within {cluster['wait_for_workers_s']:g} s: start "
                         "deploy/mac/worker.sh on that machine, or set cluster.allow_missing to run without it")

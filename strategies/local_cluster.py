@@ -66,7 +66,7 @@ class LocalMultinode:
                 check_can_emulate()
                 tag = f"{os.getpid() % 100000}"
                 self.links = {label: Link(i, rate, tag) for i, label in enumerate(self.labels[1:])}
-            head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
+            self.head_ip = head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
             ray_port, dask_port = free_port(), free_port()
             self.ray_address = f"{head_ip}:{ray_port}"
             self.dask_scheduler = f"tcp://{head_ip}:{dask_port}"
@@ -116,7 +116,7 @@ class LocalMultinode:
 
     def _dask_worker(self, worker: dict) -> None:
         label = worker["node"]
-        host = self.links[label].ns_ip if label in self.links else self.dask_scheduler.split("//")[1].split(":")[0]
+        host = self.links[label].ns_ip if label in self.links else self.head_ip
         self._spawn([*self._prefix(label), *dask_worker_argv(self.dask_scheduler, worker["name"], label, host)],
                     f"dask-{worker['name']}", label)
 

@@ -212,8 +212,8 @@ def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: di
         return {}
     for w in workers:
         w["standalone_samples_per_s"] = standalone[w["name"]]
-    return {"standalone_sum_samples_per_s": sum(standalone[w["name"]] for w in workers),
-            "scaling_efficiency": samples_per_s / sum(standalone[w["name"]] for w in workers)}
+    alone = sum(w["standalone_samples_per_s"] for w in workers)
+    return {"standalone_sum_samples_per_s": alone, "scaling_efficiency": samples_per_s / alone}
 
 
 def scenarios(cfg: dict) -> list[tuple[str, str | None]]:

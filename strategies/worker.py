@@ -58,7 +58,7 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
                         "(export RAY_AUTH_TOKEN=...) so this node can join")
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     logs = tempfile.mkdtemp(prefix="hetbench-worker-")
-    procs = []
+    procs, keep_logs = [], True  # logs are kept to read after a failure
     try:
         for argv, what in ((ray_node_argv(label, f"--address={ray_address}"), "ray"),
                            (dask_worker_argv(scheduler, name, label), "dask")):
@@ -71,11 +71,12 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
             while all(p.poll() is None for p in procs):
                 time.sleep(0.5)
         except KeyboardInterrupt:  # the normal way out: nothing to read afterwards
-            stop_trees(procs)
-            shutil.rmtree(logs, ignore_errors=True)
+            keep_logs = False
             raise
         ended = next(p for p in procs if p.poll() is not None)
         raise UserError(f"'{' '.join(ended.args[:3])} ...' ended with exit code {ended.returncode} "
                         f"(logs: {logs}); stopped this worker")
     finally:
         stop_trees(procs)
+        if not keep_logs:
+            shutil.rmtree(logs, ignore_errors=True)
