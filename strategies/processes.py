@@ -11,9 +11,17 @@ from pathlib import Path
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory so far, in MiB (ru_maxrss is KiB on Linux, bytes on macOS)."""
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak / 2**20 if sys.platform == "darwin" else peak / 2**10
+    """This process's peak resident memory so far, in MiB.
+
+    Linux: VmHWM, this address space's own peak; ru_maxrss would report the parent's peak in a
+    process forked and exec'd from a big one (Dask's local worker processes, from the driver).
+    macOS: ru_maxrss, in bytes there."""
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    kib = next(line.split()[1] for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(kib) / 2**10
 
 
 def children_of() -> dict[int, list[int]]:

@@ -23,3 +23,19 @@ def test_eight_workers_complete_with_coherent_records_and_bounded_memory(tmp_pat
     assert all(0 < w["peak_rss_mb"] < WORKER_PEAK_MB for w in workers), [w["peak_rss_mb"] for w in workers]
     assert 0 < record["driver_peak_rss_mb"] < 4 * WORKER_PEAK_MB
     assert record["samples_per_s"] > 0 and len(record["accuracy_curve"]) == 1
+
+
+def test_peak_memory_is_the_process_own_not_its_parents():
+    # Dask's local workers are forked and exec'd from the driver: ru_maxrss would report the
+    # driver's peak for them. Here the parent holds 300 MiB more than any child needs.
+    import subprocess
+    import sys
+
+    from strategies.processes import peak_rss_mb
+
+    held = bytearray(300 * 2**20)
+    held[::4096] = b"x" * len(held[::4096])  # touch every page: resident
+    child = subprocess.run([sys.executable, "-c", "from strategies.processes import peak_rss_mb; print(peak_rss_mb())"],
+                           capture_output=True, text=True, timeout=60, check=True)
+    assert peak_rss_mb() >= 300
+    assert float(child.stdout) < 200, child.stdout
