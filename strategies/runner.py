@@ -132,7 +132,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
     if saved:
         notes["resumed_at"] = {"repeat": len(saved["done"]), "step": saved["progress"]["next_step"]}
     if cfg["checkpoint_every"] and not cls.resumable:
-        notes["checkpoints_skipped"] = f"{name} keeps no checkpoints yet"
+        notes["checkpoints_skipped"] = f"{name} cannot be resumed with --resume yet: no checkpoint of it is kept"
         print(notes["checkpoints_skipped"], file=sys.stderr)
     try:
         started = now()
