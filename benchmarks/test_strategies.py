@@ -89,10 +89,16 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     try:
         strategy.start()  # startup stays outside the timed rounds
         strategy.reset(cfg["seed"])
+        last = m["warmup"] + m["rounds"] - 1
         for step in range(m["warmup"]):
-            strategy.step(step)
+            strategy.step(step, step + 1)  # steps follow each other at once, as in `hetbench run`
         steps = itertools.count(m["warmup"])
-        benchmark.pedantic(lambda: timings.append(strategy.step(next(steps))), rounds=m["rounds"], iterations=1)
+
+        def one_step():
+            step = next(steps)
+            timings.append(strategy.step(step, step + 1 if step < last else None))
+
+        benchmark.pedantic(one_step, rounds=m["rounds"], iterations=1)
         workers = strategy.worker_info()
     finally:
         strategy.close()

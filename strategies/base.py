@@ -63,8 +63,12 @@ class Strategy(ABC):
         """Fresh model (same init on every worker) and optimizer for one repeat."""
 
     @abstractmethod
-    def step(self, step: int) -> StepTiming:
-        """One synchronous global step over every worker's slice of global batch `step`."""
+    def step(self, step: int, then: int | None = None) -> StepTiming:
+        """One synchronous global step over every worker's slice of global batch `step`.
+
+        `then`: the step the runner calls next with nothing in between (no evaluation, checkpoint or
+        fault), or None. A strategy may start it early; it then times it from this step's end.
+        """
 
     @abstractmethod
     def weights(self) -> torch.Tensor:

@@ -74,7 +74,7 @@ class DaskSync(Strategy):
         self.weights_now = self.server.reset(self.cfg, seed)
         self._results([r.reset(seed) for r in self.replicas], "resetting")
 
-    def step(self, step: int) -> StepTiming:
+    def step(self, step: int, then: int | None = None) -> StepTiming:
         start = now()
         while True:
             try:

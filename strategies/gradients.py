@@ -28,6 +28,20 @@ class FlatModel:
             p.grad = self.grads[offset:offset + n].view_as(p)
             offset += n
 
+    def optimizer_params(self, chunk: int = 2**18) -> list[torch.Tensor]:
+        """The flat buffer as 1 MB leaf tensors (views, with their gradient views) for the optimizer.
+
+        Every optimizer here is elementwise, so the update is the same per element; in 1 MB chunks
+        its ~10 operations run while a chunk is in cache, not once each over the whole 4.8 MB
+        (Adadelta's step, caches cold as after a compute: 3.3 -> 2.4 ms here).
+        """
+        chunks = []
+        for start in range(0, self.params.numel(), chunk):
+            param = nn.Parameter(self.params[start:start + chunk])  # shares the flat buffer's memory
+            param.grad = self.grads[start:start + chunk]
+            chunks.append(param)
+        return chunks
+
     def zero_grad(self) -> None:
         # In place: autograd then accumulates into our views (optimizer.zero_grad would drop them).
         self.grads.zero_()

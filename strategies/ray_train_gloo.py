@@ -156,7 +156,7 @@ def train_loop(config: dict) -> None:
     for repeat in range(first_repeat, cfg["repeats"]):
         replica.reset(cfg["seed"] + repeat)
         flat = replica.flat
-        optimizer = build_optimizer(flat.model.parameters(), cfg["optimizer"], cfg["lr"])
+        optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
         staging = torch.zeros(flat.params.numel())
         if state is not None and repeat == first_repeat:
             load_train_state(flat, optimizer, state)
@@ -251,7 +251,7 @@ class RayTrainGloo(Strategy):
             self.collector.release.remote(self.held)
             self.held = None
 
-    def step(self, step: int) -> StepTiming:
+    def step(self, step: int, then: int | None = None) -> StepTiming:
         started = now()
         self._release()
         timings, snapshot, starts, resumed_from = self._wait((self.repeat, step))

@@ -64,7 +64,7 @@ class Replica:
         self.batches, self.rank = [self.cfg["batch_size"]], 0  # my slice is now the whole batch
         try:
             self.reset(self.cfg["seed"])
-            optimizer = build_optimizer(self.flat.model.parameters(), self.cfg["optimizer"], self.cfg["lr"])
+            optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
             for step in range(warmup + steps):
                 if step == warmup:
                     start = now(self.device)
@@ -99,8 +99,9 @@ class ParameterServer:
     def reset(self, cfg: dict, seed: int):
         # The update runs while every worker waits for it: give it all of this host's cores.
         configure_threads(0)
+        keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
         self.flat = FlatModel(build_model(cfg["dropout"], seed))
-        self.optimizer = build_optimizer(self.flat.model.parameters(), cfg["optimizer"], cfg["lr"])
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
         return self.flat.params.numpy()
 
     def state(self) -> dict:

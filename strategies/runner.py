@@ -61,19 +61,22 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
         for fault in faults:
             if fault["at_step"] == step:
                 inject(strategy, fault, step, cluster)
+        evaluating = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
+        saving = save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total
+        pausing = evaluating or saving or any(fault["at_step"] == step + 1 for fault in faults)
         seen = len(strategy.events)
-        timing = strategy.step(step)
+        timing = strategy.step(step, None if pausing else step + 1)
         for event in strategy.events[seen:]:  # what a loss or restart cost: the whole step it happened in
             event["step_s"] = timing.total_s
         clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
         if step >= cfg["warmup_steps"]:
             timed.append(timing)
-        if (step + 1) % cfg["eval_every"] == 0 or step + 1 == total:
+        if evaluating:
             acc = evaluate(strategy.weights())
             curve.append({"step": step + 1, "train_s": clock, "accuracy": acc})
             if time_to_target is None and acc >= cfg["target_accuracy"]:
                 time_to_target = clock
-        if save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total:
+        if saving:
             save({"next_step": step + 1, "train_s": clock, "timed": timed, "curve": curve,
                   "time_to_target_s": time_to_target, "state": strategy.state()})
         bar.update(1)

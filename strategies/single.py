@@ -11,7 +11,7 @@ from .base import StepTiming, Strategy, step_indices
 from .checkpoints import load_train_state, train_state
 from .clock import now
 from .data import cached_mnist
-from .devices import configure_threads, resolve_device
+from .devices import configure_threads, keep_freed_memory, resolve_device
 from .gradients import FlatModel
 from .workload import build_model, build_optimizer, forward_backward
 
@@ -23,6 +23,7 @@ class Single(Strategy):
 
     def start(self) -> None:
         configure_threads(self.cfg["threads"])
+        keep_freed_memory()  # as every worker process does (roles.Replica): the same allocator for all
         worker = self.cfg["workers"][0]  # the baseline runs where the first worker would
         self.worker_name = worker["name"]
         self.device = resolve_device(worker["device"])
@@ -32,10 +33,10 @@ class Single(Strategy):
     def reset(self, seed: int) -> None:
         model = build_model(self.cfg["dropout"], seed).to(self.device)
         self.flat = FlatModel(model)
-        self.optimizer = build_optimizer(model.parameters(), self.cfg["optimizer"], self.cfg["lr"])
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
         self.seed = seed
 
-    def step(self, step: int) -> StepTiming:
+    def step(self, step: int, then: int | None = None) -> StepTiming:
         index = torch.from_numpy(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step))
         index = index.to(self.device)
         start = now(self.device)

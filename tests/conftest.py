@@ -84,10 +84,10 @@ def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: 
 
     step = strategy_cls.step
 
-    def step_then_kill(self, n):
+    def step_then_kill(self, n, then=None):
         if n == 3:
             kill(self)
-        return step(self, n)
+        return step(self, n, then)
 
     monkeypatch.setattr(strategy_cls, "step", step_then_kill)
     cfg = small_config(tmp_path, "name=killed", f"strategies=[single, {name}]",

@@ -42,10 +42,26 @@ def first_update_distributed(images, labels, batches, optimizer="adadelta", lr=1
     """Each worker's gradient on its slice, combined by the rule, applied by one optimizer."""
     grads = worker_gradients(images, labels, batches)
     server = FlatModel(build_model(0.0, seed=0))
-    opt = build_optimizer(server.model.parameters(), optimizer, lr)
+    opt = build_optimizer(server.optimizer_params(), optimizer, lr)  # as the strategies build theirs
     server.load_grads(combine_gradients(grads, batches))
     opt.step()
     return server.params.clone()
+
+
+@pytest.mark.parametrize("optimizer,lr", [("adadelta", 1.0), ("sgd", 0.05), ("adam", 1e-3)])
+def test_optimizer_over_flat_chunks_steps_like_one_over_the_model(optimizer, lr):
+    images, labels = union_batch()
+    flats = [FlatModel(build_model(0.0, seed=0)) for _ in range(2)]
+    opts = [build_optimizer(flats[0].model.parameters(), optimizer, lr),
+            build_optimizer(flats[1].optimizer_params(chunk=100_000), optimizer, lr)]
+    assert len(opts[1].param_groups[0]["params"]) == 12  # 1,199,882 parameters in 100,000-element chunks
+    for step in range(3):
+        for flat, opt in zip(flats, opts):
+            flat.zero_grad()
+            forward_backward(flat.model, images[step * 16:(step + 1) * 16], labels[step * 16:(step + 1) * 16])
+            opt.step()
+    assert not torch.equal(flats[1].params, FlatModel(build_model(0.0, seed=0)).params)  # it did train
+    torch.testing.assert_close(flats[1].params, flats[0].params, rtol=0, atol=1e-6)
 
 
 def test_flat_model_parameters_and_gradients_are_views_of_two_buffers():

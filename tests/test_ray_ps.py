@@ -4,6 +4,7 @@ import time
 
 import pytest
 import ray
+import torch
 
 from strategies import ray_ps
 from strategies.errors import UserError
@@ -21,6 +22,23 @@ def test_async_learns_and_records_bounded_staleness(tmp_path):
     staleness = record["staleness"]
     assert sum(staleness["histogram"].values()) > 120 and staleness["max"] <= 2
     assert {w["name"]: w["device"] for w in record["workers"]} == {"big": "cpu", "small": "cpu"}
+
+
+def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path):
+    strategy = ray_ps.RayParameterServer(small_config(tmp_path, UNEQUAL, "dropout=0"))
+    try:
+        strategy.start()
+        trained = []
+        for ahead in (True, False):
+            strategy.reset(0)
+            initial = strategy.weights()
+            timings = [strategy.step(step, step + 1 if ahead and step < 3 else None) for step in range(4)]
+            trained.append(strategy.weights())
+            assert all(t.total_s >= max(t.compute_s.values()) > 0 for t in timings)
+    finally:
+        strategy.close()
+    assert not torch.equal(trained[0], initial)  # it did train
+    assert torch.equal(trained[0], trained[1])
 
 
 def test_a_dead_server_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
