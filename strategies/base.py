@@ -12,6 +12,8 @@ import torch
 
 from .errors import RunFailed
 
+REBALANCE_MIN_SHIFT = 0.02  # re-split only when some worker's batch moves by this share of the global batch
+
 
 @dataclass
 class StepTiming:
@@ -48,6 +50,8 @@ class Strategy(ABC):
     survives_worker_loss: ClassVar[bool] = False
     # Can hand out and take back its model + optimizer (state/load_state): checkpoints, --resume.
     resumable: ClassVar[bool] = False
+    # Can take a new batch split between steps (rebalance_every): implements push_split.
+    rebalances: ClassVar[bool] = False
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
@@ -97,21 +101,47 @@ class Strategy(ABC):
         the gradient rule weights by the new batches, so a step still equals one on the union batch.
         """
         from .config import split_batch
-        from .gradients import batch_shares
 
         lost = self.info.pop(rank)
         del self.batches[rank]
         if not self.batches:
             raise RunFailed(f"{self.name}: every worker was lost (the last, '{lost['name']}', at step {step})")
-        self.batches = split_batch(self.cfg["batch_size"], self.batches)
-        self.shares = batch_shares(self.batches)
-        for info, batch in zip(self.info, self.batches):
-            info["batch"] = batch
+        split = self._set_split(split_batch(self.cfg["batch_size"], self.batches))
         self.lost.append({**lost, "lost_at_step": step})
-        split = {info["name"]: batch for info, batch in zip(self.info, self.batches)}
         self.events.append({"step": step, "lost": lost["name"], "node": lost["node"], "split": split})
         print(f"{self.name}: worker '{lost['name']}' lost at step {step}; going on with "
               + ", ".join(f"{n}x{b}" for n, b in split.items()), file=sys.stderr)
+
+    def rebalance(self, step: int, timings: list[StepTiming]) -> None:
+        """Re-split the global batch by each worker's speed in `timings` (its batch over its median
+        compute): repeated, this settles where every worker's compute takes as long, fixed per-step
+        costs included, which a split by speeds measured alone cannot see. Small shifts are noise."""
+        from .config import split_batch
+
+        speeds = []
+        for info in self.info:
+            computes = [t.compute_s[info["name"]] for t in timings if t.compute_s.get(info["name"])]
+            if not computes:  # it finished no batch in the window (async): no speed to go by
+                return
+            speeds.append(info["batch"] / float(np.median(computes)))
+        batches = split_batch(self.cfg["batch_size"], speeds)
+        if max(abs(new - old) for new, old in zip(batches, self.batches)) < REBALANCE_MIN_SHIFT * self.cfg["batch_size"]:
+            return
+        self.events.append({"step": step, "rebalanced": self._set_split(batches)})
+        self.push_split()
+
+    def push_split(self) -> None:
+        """Hand every live worker self.batches and its rank among them (its slice follows them)."""
+        raise NotImplementedError(f"{self.name} cannot re-split between steps")
+
+    def _set_split(self, batches: list[int]) -> dict[str, int]:
+        """The driver's side of a new split: batches, the rule's shares, the workers' info; the split by name."""
+        from .gradients import batch_shares
+
+        self.batches, self.shares = batches, batch_shares(batches)
+        for info, batch in zip(self.info, batches):
+            info["batch"] = batch
+        return {info["name"]: info["batch"] for info in self.info}
 
     def record_extras(self) -> dict:
         """Strategy-specific figures for the record (e.g. async staleness), gathered over all repeats."""

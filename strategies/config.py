@@ -28,6 +28,7 @@ DEFAULTS: dict = {
     "dropout": 0.25,               # both dropout layers; 0 makes steps deterministic
     "seed": 0,                     # model init, batch order and synthetic data
     "balance": ["equal"],          # per-worker batch split, one scenario each: equal | proportional | auto
+    "rebalance_every": 0,          # re-split the batch by each worker's speed over the last N steps; 0 = off
     "standalone_steps": 10,        # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
     "train_max_failures": 1,       # ray-train-gloo: Ray Train restarts its group after a lost rank this often
     "max_staleness": 2,            # ray-ps-async: a worker this many versions ahead of the slowest waits
@@ -183,7 +184,7 @@ def validate(cfg: dict) -> None:
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
     for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps", "checkpoint_every",
-                "train_max_failures"):
+                "train_max_failures", "rebalance_every"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if cfg["cluster"]["step_timeout_s"] <= 0 or cfg["cluster"]["connect_timeout_s"] <= 0:

@@ -29,6 +29,7 @@ class DaskSync(Strategy):
     floor_transfers = 2.0
     survives_worker_loss = True
     resumable = True
+    rebalances = True
 
     def start(self) -> None:
         from distributed import Client, LocalCluster
@@ -109,6 +110,9 @@ class DaskSync(Strategy):
         for rank in sorted(ranks, reverse=True):
             del self.replicas[rank], self.addresses[rank]
             self.lose_worker(rank, step)
+        self.push_split()
+
+    def push_split(self) -> None:
         self._results([r.resplit(self.batches, rank) for rank, r in enumerate(self.replicas)], "re-splitting")
 
     def weights(self) -> torch.Tensor:

@@ -55,6 +55,7 @@ class RayParameterServer(Strategy):
     floor_transfers = 2.0
     survives_worker_loss = True
     resumable = True
+    rebalances = True
 
     def start(self) -> None:
         workers = self.cfg["workers"]
@@ -123,6 +124,9 @@ class RayParameterServer(Strategy):
         for rank in sorted(ranks, reverse=True):
             del self.workers[rank], self.specs[rank]
             self.lose_worker(rank, step)
+        self.push_split()
+
+    def push_split(self) -> None:
         self._get([w.resplit.remote(self.batches, rank) for rank, w in enumerate(self.workers)], "re-splitting")
 
     def weights(self) -> torch.Tensor:

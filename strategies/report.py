@@ -37,6 +37,11 @@ def _workers(record: dict) -> str:
                      for w in record.get("workers", []))
 
 
+def _balance(record: dict) -> str | None:
+    resplits = sum(1 for event in record.get("events", []) if "rebalanced" in event)
+    return f"{record.get('balance')}, re-split {resplits}x" if resplits else record.get("balance")
+
+
 def rows(records: list[dict]) -> list[list]:
     records = ordered(records)
     baseline = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
@@ -49,7 +54,7 @@ def rows(records: list[dict]) -> list[list]:
             overhead = None
         table.append([
             r["strategy"],
-            r.get("balance"),
+            _balance(r),
             _workers(r),
             r.get("samples_per_s"),
             r.get("samples_per_s_cv", r.get("allreduce_cv")),
@@ -128,7 +133,8 @@ gradients or weights (update: the part of comm a parameter server spends in its 
 and of the fastest worker idling for the slowest (ray-ps-async: time a worker was held back by
 max_staleness). sync overhead = step time - slowest compute;
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
-speeds measured alone). scaling eff: samples/s over the sum of the workers' samples/s when each
+speeds measured alone; "re-split Nx": rebalance_every re-split it N times by the speeds measured
+in the run, and the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
 trains alone on the whole batch in the same run. "(slowed Nx)" marks an emulated slow worker.
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
 same run, over the same link), k = 1 for an all-reduce (ray-train-gloo), 2 for a parameter server

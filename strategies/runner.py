@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -57,17 +58,27 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
     timed, curve = progress["timed"], progress["curve"]
     clock, time_to_target = progress["train_s"], progress["time_to_target_s"]
     total = cfg["warmup_steps"] + cfg["steps"]
+    window: list[StepTiming] = []  # the steps since the split last changed: the speeds a re-split goes by
     for step in range(progress["next_step"], total):
         for fault in faults:
             if fault["at_step"] == step:
                 inject(strategy, fault, step, cluster)
         evaluating = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
         saving = save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total
-        pausing = evaluating or saving or any(fault["at_step"] == step + 1 for fault in faults)
+        rebalancing = strategy.rebalances and 0 < cfg["rebalance_every"] <= len(window) + 1
+        pausing = evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
         seen = len(strategy.events)
         timing = strategy.step(step, None if pausing else step + 1)
         for event in strategy.events[seen:]:  # what a loss or restart cost: the whole step it happened in
             event["step_s"] = timing.total_s
+        window = [] if len(strategy.events) > seen else [*window, timing]  # a loss re-split it
+        if rebalancing and window:
+            started = now()
+            strategy.rebalance(step, window)
+            # telling the workers their new batches is training time: it counts in this step
+            spent = now() - started
+            timing = replace(timing, comm_s=timing.comm_s + spent, total_s=timing.total_s + spent)
+            window = []
         clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
         if step >= cfg["warmup_steps"]:
             timed.append(timing)
@@ -137,6 +148,9 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
     if cfg["checkpoint_every"] and not cls.resumable:
         notes["checkpoints_skipped"] = f"{name} cannot be resumed with --resume yet: no checkpoint of it is kept"
         print(notes["checkpoints_skipped"], file=sys.stderr)
+    if cfg["rebalance_every"] and cls.distributed and not cls.rebalances:
+        notes["rebalance_skipped"] = f"{name} cannot re-split its batch between steps yet: rebalance_every not applied"
+        print(notes["rebalance_skipped"], file=sys.stderr)
     try:
         started = now()
         strategy.start()

@@ -74,6 +74,8 @@ def test_equal_split_when_neither_is_given(tmp_path):
     ("balance: [equal, fastest]", "'balance' must be one of equal, proportional, auto"),
     ("balance: auto\nworkers: [{batch: 8}, {batch: 8}]", "remove the workers' batch/share"),
     ("balance: auto\nstandalone_steps: 0", "standalone_steps must be positive"),
+    ("rebalance_every: -1", "'rebalance_every' must not be negative"),
+    ("rebalance_every: often", "rebalance_every"),
     ("cluster: {mode: cloud}", "'cluster.mode' must be one of local, local-multinode"),
     ("link: {rate: 100mbit}", "set cluster.mode local-multinode"),
     ("workers: [{speed: 0}]", "speed must be positive"),

@@ -1,0 +1,57 @@
+"""rebalance_every: the global batch re-split between steps by the speeds measured in the run."""
+import json
+
+import pytest
+
+from strategies.base import StepTiming, Strategy
+from strategies.runner import run
+from tests.conftest import small_config
+
+
+class Splittable(Strategy):
+    """Only the driver's side of a split: what Strategy.rebalance decides and hands on."""
+    name = "splittable"
+    rebalances = True
+    start = reset = step = weights = worker_info = lambda *a: None
+
+    def __init__(self, cfg, batches):
+        super().__init__(cfg)
+        self.info = [{"name": n, "batch": b} for n, b in zip("ab", batches)]
+        self.batches, self.pushed = list(batches), []
+
+    def push_split(self):
+        self.pushed.append(list(self.batches))
+
+
+def timings(*computes):
+    return [StepTiming({"a": a, "b": b}, comm_s=0.0, wait_s=0.0, total_s=max(a, b)) for a, b in computes]
+
+
+def test_a_worker_3x_slower_gets_a_quarter_of_the_batch_and_the_rule_follows(tmp_path):
+    strategy = Splittable(small_config(tmp_path, "batch_size=64"), [32, 32])
+    strategy.rebalance(7, timings((0.10, 0.30), (0.11, 0.29), (0.10, 0.31)))
+    assert strategy.batches == [48, 16] and strategy.pushed == [[48, 16]]
+    assert strategy.shares == [0.75, 0.25]
+    assert [i["batch"] for i in strategy.info] == [48, 16]
+    assert strategy.events == [{"step": 7, "rebalanced": {"a": 48, "b": 16}}]
+
+
+def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
+    strategy = Splittable(small_config(tmp_path, "batch_size=64"), [32, 32])
+    strategy.rebalance(3, timings((0.100, 0.102), (0.101, 0.100)))
+    strategy.rebalance(5, timings((0.1, 0.0)))  # b finished no batch in the window (async): no speed for it
+    assert strategy.batches == [32, 32] and strategy.pushed == [] and strategy.events == []
+
+
+@pytest.mark.parametrize("name", ["dask-sync", "ray-ps"])
+def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name):
+    cfg = small_config(tmp_path, "name=resplit", f"strategies=[{name}]", "batch_size=64",
+                       "workers=[{name: fast}, {name: slow, slowdown: 3.0}]", "rebalance_every=4",
+                       "steps=12", "warmup_steps=2", "repeats=1", "eval_every=14", "floor.enabled=false")
+    (record,) = json.loads(run(cfg).path.read_text())
+    assert record["status"] == "ok"
+    splits = [e["rebalanced"] for e in record["events"] if "rebalanced" in e]
+    assert splits and all(sum(s.values()) == 64 for s in splits)
+    assert splits[-1]["slow"] < splits[-1]["fast"]  # equal at first; the slowed worker ends with less
+    assert {w["name"]: w["batch"] for w in record["workers"]} == splits[-1]
+    assert f"equal, re-split {len(splits)}x" in (tmp_path / "results" / "resplit.md").read_text()
