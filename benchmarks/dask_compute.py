@@ -38,6 +38,7 @@ def main() -> None:
     from distributed import Client, LocalCluster
 
     from strategies.clock import cv, median
+    from strategies.nodes import dask_workers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--batch", type=int, default=40, help="samples per forward+backward")
@@ -48,7 +49,7 @@ def main() -> None:
     # One worker per place, so the unfixed worker never inherits the fix.
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                       dashboard_address=None, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
-        as_started, fixed = sorted(client.scheduler_info()["workers"])
+        as_started, fixed = sorted(dask_workers(client))
         for _ in range(args.rounds):
             rows["plain process"].append(compute_ms(args.batch, args.steps, fixed=False))
             rows["dask worker, as started"].append(

@@ -19,6 +19,7 @@ from .base import StepTiming, Strategy, quiet_loggers, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
+from .nodes import dask_workers
 from .roles import ParameterServer, Replica
 
 LOSS_POLL_S = 0.5  # while a call is unanswered, how often the scheduler is asked whether its worker is gone
@@ -57,7 +58,7 @@ class DaskSync(Strategy):
 
     def _place(self, workers: list[dict]) -> list[str]:
         """A Dask worker address per configured worker: by resource label, else in order."""
-        available = self.client.scheduler_info()["workers"]
+        available = dask_workers(self.client)
         labelled = {label: addr for addr, w in available.items() for label in w.get("resources", {})}
         unlabelled = iter(sorted(available))
         addresses = []
@@ -174,7 +175,7 @@ class DaskSync(Strategy):
             try:
                 return future.result(timeout=max(0.1, min(LOSS_POLL_S, deadline - now())))
             except TimeoutError:
-                if now() >= deadline or self.addresses[rank] not in self.client.scheduler_info()["workers"]:
+                if now() >= deadline or self.addresses[rank] not in dask_workers(self.client):
                     raise
 
 

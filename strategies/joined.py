@@ -10,13 +10,14 @@ import time
 
 from .config import split_batch
 from .errors import UserError
+from .nodes import dask_workers
 from .ray_cluster import RayConnection
 
 REPORT_EVERY_S = 10.0
 
 
 def _dask_labels(client) -> set[str]:
-    return {label for w in client.scheduler_info()["workers"].values() for label in w.get("resources", {})}
+    return {label for w in dask_workers(client).values() for label in w.get("resources", {})}
 
 
 def _dask_client(cluster: dict):

@@ -24,7 +24,7 @@ from .addresses import check_reachable
 from .errors import UserError
 from .floor import free_port
 from .netns import Link, check_can_emulate
-from .nodes import dask_worker_argv, ray_node_argv
+from .nodes import dask_worker_argv, dask_workers, ray_node_argv
 from .processes import kill_trees, stop_trees
 from .ray_cluster import RAY_ENV
 
@@ -176,7 +176,7 @@ class LocalMultinode:
         with Client(self.dask_scheduler, timeout=timeout) as client:
             while True:
                 self._check_alive()
-                left = offending({w["name"] for w in client.scheduler_info()["workers"].values()})
+                left = offending({w["name"] for w in dask_workers(client).values()})
                 if not left:
                     return
                 if time.monotonic() > deadline:

@@ -24,3 +24,10 @@ def dask_worker_argv(scheduler: str, name: str, label: str | None, host: str | N
     return [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1", "--no-nanny",
             "--name", name, "--no-dashboard", "--memory-limit", "0",
             *(["--host", host] if host else []), *(["--resources", f"{label}=1"] if label else [])]
+
+
+def dask_workers(client) -> dict[str, dict]:
+    """The scheduler's workers by address, asked now. Not client.scheduler_info(): the client's own
+    periodic refresh rewrites the cache that returns with no workers in it, so live workers can
+    look gone (they did, 8 of them setting up in CI)."""
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]

@@ -88,3 +88,17 @@ def test_unreachable_scheduler_is_exit_2_within_bounded_time(tmp_path):
                       "--set", "download=false", "--results-dir", str(tmp_path), timeout=120)
     assert_one_line_error(result, "cannot reach tcp://127.0.0.1:9 within 3 s")
     assert time.monotonic() - started < 60
+
+
+def test_live_workers_are_asked_of_the_scheduler_not_the_clients_cache():
+    import logging
+
+    from distributed import Client, LocalCluster
+
+    from strategies.nodes import dask_workers
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None, silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+        client.sync(client._update_scheduler_info)  # what the client's periodic refresh does, every 2 s
+        assert client._scheduler_identity["workers"] == {}  # the cache scheduler_info() would hand back
+        assert len(dask_workers(client)) == 2
