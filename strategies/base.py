@@ -50,7 +50,8 @@ class Strategy(ABC):
     survives_worker_loss: ClassVar[bool] = False
     # Can hand out and take back its model + optimizer (state/load_state): checkpoints, --resume.
     resumable: ClassVar[bool] = False
-    # Can take a new batch split between steps (rebalance_every): implements push_split.
+    # Can take a new batch split between steps (rebalance_every): implements push_split, or
+    # overrides rebalance where its workers re-split themselves.
     rebalances: ClassVar[bool] = False
 
     def __init__(self, cfg: dict) -> None:
@@ -113,22 +114,12 @@ class Strategy(ABC):
               + ", ".join(f"{n}x{b}" for n, b in split.items()), file=sys.stderr)
 
     def rebalance(self, step: int, timings: list[StepTiming]) -> None:
-        """Re-split the global batch by each worker's speed in `timings` (its batch over its median
-        compute): repeated, this settles where every worker's compute takes as long, fixed per-step
-        costs included, which a split by speeds measured alone cannot see. Small shifts are noise."""
-        from .config import split_batch
-
-        speeds = []
-        for info in self.info:
-            computes = [t.compute_s[info["name"]] for t in timings if t.compute_s.get(info["name"])]
-            if not computes:  # it finished no batch in the window (async): no speed to go by
-                return
-            speeds.append(info["batch"] / float(np.median(computes)))
-        batches = split_batch(self.cfg["batch_size"], speeds)
-        if max(abs(new - old) for new, old in zip(batches, self.batches)) < REBALANCE_MIN_SHIFT * self.cfg["batch_size"]:
-            return
-        self.events.append({"step": step, "rebalanced": self._set_split(batches)})
-        self.push_split()
+        """Re-split the global batch by the speeds in `timings` (speed_split), and hand it on."""
+        computes = [[t.compute_s[info["name"]] for t in timings if t.compute_s.get(info["name"])] for info in self.info]
+        batches = speed_split(self.cfg["batch_size"], self.batches, computes)
+        if batches is not None:
+            self.events.append({"step": step, "rebalanced": self._set_split(batches)})
+            self.push_split()
 
     def push_split(self) -> None:
         """Hand every live worker self.batches and its rank among them (its slice follows them)."""
@@ -149,6 +140,21 @@ class Strategy(ABC):
 
     def close(self) -> None:
         """Stop everything start() started; called on every exit path."""
+
+
+def speed_split(global_batch: int, batches: list[int], computes: list[list[float]]) -> list[int] | None:
+    """A new split by each worker's speed over a window (its batch over its median compute), or None
+    to keep the split. Repeated, this settles where every worker's compute takes as long, fixed
+    per-step costs included, which a split by speeds measured alone cannot see. A worker with no
+    compute in the window (async) gives no speed to go by; small shifts are noise."""
+    from .config import split_batch
+
+    if not all(computes):
+        return None
+    new = split_batch(global_batch, [b / float(np.median(c)) for b, c in zip(batches, computes)])
+    if max(abs(n - b) for n, b in zip(new, batches)) < REBALANCE_MIN_SHIFT * global_batch:
+        return None
+    return new
 
 
 def quiet_loggers(*names: str) -> None:

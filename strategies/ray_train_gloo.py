@@ -23,6 +23,7 @@ from .base import (
     StepTiming,
     Strategy,
     quiet_loggers,
+    speed_split,
     workers_per_host,
 )
 from .clock import now
@@ -113,6 +114,16 @@ def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> No
     flat.grads.copy_(staging)
 
 
+def gathered_split(cfg: dict, replica: Replica, window: list[float]) -> list[int] | None:
+    """(4) rebalance_every: every rank gathers every rank's computes over the window and derives
+    the same new split from them (or None: keep it), so no driver round trip is needed."""
+    import torch.distributed as dist
+
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, (replica.rank, window))
+    return speed_split(cfg["batch_size"], replica.batches, [computes for _, computes in sorted(gathered)])
+
+
 def assign_ranks(workers: list[dict], labels_by_rank: list[set]) -> list[int]:
     """Configured worker per rank: the first free one labelled for the rank's node, else the first
     free unlabelled one, else the first free one. Every rank computes the same list."""
@@ -160,6 +171,7 @@ def train_loop(config: dict) -> None:
         staging = torch.zeros(flat.params.numel())
         if state is not None and repeat == first_repeat:
             load_train_state(flat, optimizer, state)
+        window: list[float] = []  # my computes since the split last changed
         for step in range(first_step if repeat == first_repeat else 0, total):
             start = now(device)
             # (1) compute on my own batch
@@ -171,11 +183,23 @@ def train_loop(config: dict) -> None:
             # (3) the same optimizer step on every rank (an emulated slow device is slow here too)
             optimizer.step()
             replica.emulate(now(device) - reduced)
+            updated = now(device)
+            # a rank's own work is its compute, as on one device: forward, backward and its update
+            own_s = compute_s + (updated - reduced)
+            window.append(own_s)
+            split = None
+            if 0 < cfg["rebalance_every"] <= len(window):  # (4) a new split by the speeds in the run
+                split, window = gathered_split(cfg, replica, window), []
+                if split is not None:
+                    replica.resplit(split, index)
+                    share = batch_shares(split)[index]
             end = now(device)
             evaluated = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
-            # a rank's own work is its compute, as on one device: forward, backward and its update
-            timing = {"compute_s": compute_s + (end - reduced), "comm_s": reduced - computed, "total_s": end - start,
+            timing = {"compute_s": own_s,
+                      "comm_s": (reduced - computed) + (end - updated), "total_s": end - start,
                       "peak_rss_mb": peak_rss_mb()}
+            if split is not None and rank == 0:
+                timing["split"] = {w["name"]: b for w, b in zip(cfg["workers"], split)}
             collector.record.remote((repeat, step), rank, timing,
                                     flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None)
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
@@ -191,6 +215,7 @@ class RayTrainGloo(Strategy):
     name = "ray-train-gloo"
     floor_transfers = 1.0
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
+    rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -263,10 +288,18 @@ class RayTrainGloo(Strategy):
             self._read_ready()
             self.events.append({"step": step, "restarted_from_step": resumed_from, "restarts": starts - 1})
             print(f"{self.name}: Ray Train restarted the group; it went on from step {resumed_from}", file=sys.stderr)
+        split = next((t["split"] for t in timings.values() if "split" in t), None)
+        if split is not None:  # the ranks re-split themselves after this step (gathered_split)
+            self.events.append({"step": step, "rebalanced": split})
+            for info in self.info:
+                info["batch"] = split[info["name"]]
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}
         for r, t in timings.items():
             self.info[r]["peak_rss_mb"] = t["peak_rss_mb"]
         return StepTiming.synchronous(compute_s, total)
+
+    def rebalance(self, step: int, timings: list[StepTiming]) -> None:
+        """Nothing to do here: the ranks re-split themselves after the same step (train_loop)."""
 
     def kill_worker(self, name: str) -> None:
         """End the rank's process on its own node (the Ray Train worker actor), as a lost machine would."""

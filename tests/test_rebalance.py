@@ -43,7 +43,7 @@ def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
     assert strategy.batches == [32, 32] and strategy.pushed == [] and strategy.events == []
 
 
-@pytest.mark.parametrize("name", ["dask-sync", "ray-ps"])
+@pytest.mark.parametrize("name", ["dask-sync", "ray-ps", "ray-train-gloo"])
 def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name):
     cfg = small_config(tmp_path, "name=resplit", f"strategies=[{name}]", "batch_size=64",
                        "workers=[{name: fast}, {name: slow, slowdown: 3.0}]", "rebalance_every=4",
