@@ -26,13 +26,13 @@ from .base import (
     speed_split,
     workers_per_host,
 )
+from .checkpoints import load_train_state, train_state
 from .clock import now
 from .errors import RunFailed
 from .gradients import FlatModel, batch_shares, from_buffer
 from .processes import peak_rss_mb
 from .ray_cluster import RayConnection, on_driver_node
 from .roles import Replica
-from .checkpoints import load_train_state, train_state
 from .workload import build_optimizer
 
 WAIT_S = 600  # no single step on any device takes this long: past it, something hangs

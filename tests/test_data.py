@@ -80,7 +80,7 @@ def mirror(tmp_path, monkeypatch):
     write_split(root, "test", 10, gz=True)
     md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in root.glob("*.gz")}
     monkeypatch.setattr(data, "MD5", md5)
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)  # noqa: E731
+    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)
     http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
