@@ -1,13 +1,10 @@
-"""Dask synchronous data parallelism: single.py's loop with (1) and (3) on Dask workers, (2) on the client.
+"""Dask synchronous data parallelism: single.py's loop with (1) on Dask workers, (2)(3) on the client.
 
-Each configured worker maps to one Dask worker, which holds a model replica, its optimizer and its
-data between steps as a Dask actor (Replica, as in ray-ps). Actor calls go straight from the
-client to the worker (direct_to_workers: relayed by the scheduler, the overhead per step was ~40%
-more here): a step gets each worker's flat gradient, the client combines them with the shared
-sample-weighted rule, and every replica steps its own optimizer on the one combined gradient, as
-ranks of an all-reduce do (on the workers' devices, not the client's CPU: 4.0 ms of a step here
-moved off the critical path). The combined gradient rides on the next step's call when the runner
-goes straight on; before an evaluation, checkpoint or fault every replica applies it at once.
+Each configured worker maps to one Dask worker, which holds a model replica and its data
+between steps as a Dask actor (Replica, as in ray-ps). Actor calls go straight from the client
+to the worker (direct_to_workers: relayed by the scheduler, the overhead per step was ~40% more
+here): a step sends each worker the new flat weights, gets its flat gradient back, and the
+client applies the shared sample-weighted rule and the optimizer (ParameterServer, in-process).
 Measured here, the task path (scatter with broadcast=True, submit, gather) cost about 3x the
 actors' overhead per step.
 """
@@ -21,9 +18,9 @@ from .addresses import check_reachable
 from .base import StepTiming, Strategy, quiet_loggers, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
-from .gradients import batch_shares, from_buffer, weighted_sum
+from .gradients import batch_shares
 from .nodes import dask_workers
-from .roles import Replica
+from .roles import ParameterServer, Replica
 
 LOSS_POLL_S = 0.5  # while a call is unanswered, how often the scheduler is asked whether its worker is gone
 
@@ -57,6 +54,7 @@ class DaskSync(Strategy):
                                        for a in self.addresses], "placing replicas")
         self.info = self._results([r.setup(self.cfg, rank, workers_per_host(self.cfg, w, joined))
                                    for rank, (r, w) in enumerate(zip(self.replicas, workers))], "setting up")
+        self.server = ParameterServer()
 
     def _place(self, workers: list[dict]) -> list[str]:
         """A Dask worker address per configured worker: by resource label, else in order."""
@@ -75,54 +73,31 @@ class DaskSync(Strategy):
         return addresses
 
     def reset(self, seed: int) -> None:
-        self._results([r.reset(seed, optimizer=True) for r in self.replicas], "resetting")
-        self.combined = None
-        self.pending = None  # (combined gradient, its step) that no replica has stepped yet
+        self.weights_now = self.server.reset(self.cfg, seed)
+        self._results([r.reset(seed) for r in self.replicas], "resetting")
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
         start = now()
-        pending, pending_step = self.pending or (None, -1)
         while True:
             try:
-                # (3) every replica steps its optimizer on the previous step's combined gradient, then
-                # (1) computes on its own batch; its flat gradient comes straight back
-                results = self._results(self._calls("update_and_compute", pending, pending_step, step),
-                                        f"step {step}", survivable=True)
-                break
-            except WorkersLost as e:  # a replica steps each combined gradient once: redo the step
-                self._lose(e.ranks, step)
-        grads, computes = zip(*results)
-        computes = {w["name"]: c for w, c in zip(self.info, computes)}
-        # (2) the sample-weighted rule, here on the client, into one reused buffer (every call that
-        # carried the previous one has been answered)
-        self.combined = weighted_sum([from_buffer(g) for g in grads], self.shares, out=self.combined)
-        self.pending = (self.combined.numpy(), step)
-        if then is None:  # an evaluation, checkpoint or fault comes next: every replica up to date
-            updates = self._settle(step)
-            computes = {name: c + updates[name] for name, c in computes.items() if name in updates}
-        return StepTiming.synchronous(computes, now() - start)
-
-    def _settle(self, step: int) -> dict[str, float]:
-        """(3) every replica steps the pending combined gradient now; their seconds by name."""
-        combined, pending_step = self.pending or (None, -1)
-        while True:
-            try:
-                updates = self._results(self._calls("update", combined, pending_step), f"step {step}",
+                # (2a) (1) every worker gets the new weights as one flat buffer and computes on its own
+                # batch with its resident replica; its flat gradient comes straight back
+                results = self._results(self._calls("compute", self.weights_now, step), f"step {step}",
                                         survivable=True)
                 break
-            except WorkersLost as e:
+            except WorkersLost as e:  # nothing was applied yet: redo the step with the survivors
                 self._lose(e.ranks, step)
-        self.pending = None
-        return {w["name"]: u for w, u in zip(self.info, updates)}
+        grads, compute = zip(*results)
+        # (2b) (3) the sample-weighted rule and the optimizer step, here on the client
+        self.weights_now, update_s = self.server.apply(self.shares, *grads)
+        total = now() - start
+        return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, total, update_s)
 
     def state(self) -> dict:
-        if self.pending:
-            self._settle(self.pending[1])
-        return self._results([self.replicas[0].train_state()], "reading the model")[0]
+        return self.server.state()
 
     def load_state(self, state: dict) -> None:
-        self._results([r.load_train_state(state) for r in self.replicas], "loading the model")
-        self.pending = None
+        self.weights_now = self.server.load_state(state)
 
     def kill_worker(self, name: str) -> None:
         rank = next(rank for rank, info in enumerate(self.info) if info["name"] == name)
@@ -142,9 +117,7 @@ class DaskSync(Strategy):
         self._results([r.resplit(self.batches, rank) for rank, r in enumerate(self.replicas)], "re-splitting")
 
     def weights(self) -> torch.Tensor:
-        if self.pending:  # every replica holds the same weights once it has stepped
-            self._settle(self.pending[1])
-        return torch.from_numpy(self._results([self.replicas[0].params()], "reading the model")[0].copy())
+        return torch.from_numpy(self.weights_now.copy())
 
     def worker_info(self) -> list[dict]:
         peaks = self._results(self._calls("peak_rss_mb"), "reading memory")

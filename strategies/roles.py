@@ -1,5 +1,4 @@
-"""The two roles of a parameter-server-style strategy: a Replica per worker, one ParameterServer
-(dask-sync's replicas keep an optimizer each instead, stepping the combined gradient themselves)."""
+"""The two roles of a parameter-server-style strategy: a Replica per worker, one ParameterServer."""
 from __future__ import annotations
 
 import os
@@ -49,39 +48,9 @@ class Replica:
         """Fault injection: this worker's process ends at once, as if its machine went away."""
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def reset(self, seed: int, optimizer: bool = False) -> None:
-        """Fresh model (the same on every worker); with `optimizer`, this replica steps it itself."""
+    def reset(self, seed: int) -> None:
         self.seed = seed
         self.flat = FlatModel(build_model(self.cfg["dropout"], seed).to(self.device))
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"]) \
-            if optimizer else None
-        self.updated_to = -1  # the last step whose combined gradient this replica has stepped
-
-    def update(self, combined, step: int) -> float:
-        """(3) my own optimizer step on step `step`'s combined gradient, as every replica does; its
-        seconds. Once per step: a step redone after a lost worker may bring it again."""
-        if combined is None or step <= self.updated_to:
-            return 0.0
-        start = now(self.device)
-        self.flat.load_grads(from_buffer(combined))
-        self.optimizer.step()
-        self.updated_to = step
-        return self.emulate(now(self.device) - start)
-
-    def update_and_compute(self, combined, updated_step: int, step: int):
-        """The previous step's update (3), then (1) forward+backward, (2b) my gradient: one call."""
-        update_s = self.update(combined, updated_step)
-        compute_s = self.local_step(step)
-        return self.flat.grads.to("cpu").numpy(), update_s + compute_s
-
-    def params(self):
-        return self.flat.params.to("cpu").numpy()
-
-    def train_state(self) -> dict:
-        return train_state(self.flat, self.optimizer)
-
-    def load_train_state(self, state: dict) -> None:
-        load_train_state(self.flat, self.optimizer, state)
 
     def compute(self, weights, step: int):
         """(2a) load the shared weights, (1) forward+backward on my slice, (2b) hand back my gradient."""
