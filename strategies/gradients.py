@@ -15,11 +15,14 @@ class FlatModel:
     weights is one memcpy, with no per-parameter objects or Python loops on the hot path.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, params_in: torch.Tensor | None = None) -> None:
+        """`params_in`: a buffer (on the model's device) to keep the weights in, e.g. shared memory."""
         self.model = model
         params = [p for p in model.parameters() if p.requires_grad]
         device = params[0].device
         self.params = torch.cat([p.detach().reshape(-1) for p in params]).to(device)
+        if params_in is not None:
+            self.params = params_in.copy_(self.params)
         self.grads = torch.zeros_like(self.params)
         offset = 0
         for p in params:

@@ -1,9 +1,11 @@
 """Ray parameter server: single.py's loop with steps (1)-(3) spread over Ray actors.
 
 Each worker actor computes on its own batch and device; a server actor holds the master
-weights and optimizer. Every message is one flat float32 buffer, put into Ray's object store
-once by the process that made it and read zero-copy by the others; when steps follow each
-other at once, the next step's calls wait on the workers before the new weights exist (4).
+weights and optimizer. Every message is one flat float32 buffer: a worker on the server's node
+exchanges it through shared memory both map (host_memory.py); one on another node through
+Ray's object store, put once by the process that made it and read zero-copy by the others.
+When steps follow each other at once, the next step's calls wait on the workers before the
+new weights exist (4).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from .gradients import batch_shares
 from .ray_cluster import RayConnection, on_driver_node, placement
 from .roles import ParameterServer, Replica
 
-# Both flat buffers travel as [ObjectRef], put by the process that made them: returned by value,
+# Across nodes both flat buffers travel as [ObjectRef], put by the process that made them: returned by value,
 # each hop also waited for the driver (a return's owner) to learn the object was stored. Measured
 # here: worker -> server 4.2 -> 1.8 ms, server -> workers 6.3 -> 2.5 ms (plus the server's put).
 # Ray's compiled graphs move them faster, but their idle actors spin a core each: measured and
@@ -30,20 +32,31 @@ class RayWorker(Replica):
                 "node_ip": ray.util.get_node_ip_address()}
 
     def compute(self, weights: list, step: int):
-        grad, compute_s = super().compute(ray.get(weights[0]), step)
-        return [ray.put(grad)], compute_s
+        grad, compute_s = super().compute(None if self.shared else ray.get(weights[0]), step)
+        return [grad if self.shared else ray.put(grad)], compute_s
 
 
 class RayServer(ParameterServer):
+    object_store = True  # whether any worker reads the weights from the object store
+
+    def shared_by_all(self, object_store: bool) -> None:
+        super().shared_by_all()
+        self.object_store = object_store
+
     def reset(self, cfg: dict, seed: int) -> list:
-        return [ray.put(super().reset(cfg, seed))]
+        return self._put(super().reset(cfg, seed))
 
     def load_state(self, state: dict) -> list:
-        return [ray.put(super().load_state(state))]
+        return self._put(super().load_state(state))
 
     def apply(self, shares: list[float], *grads: list):
-        weights, update_s = super().apply(shares, *ray.get([grad[0] for grad in grads]))
-        return [ray.put(weights)], update_s
+        refs = [g[0] for g in grads if isinstance(g[0], ray.ObjectRef)]  # the others are slots of shared memory
+        fetched = dict(zip(refs, ray.get(refs)))
+        weights, update_s = super().apply(shares, *[fetched.get(g[0], g[0]) for g in grads])
+        return self._put(weights), update_s
+
+    def _put(self, weights) -> list:
+        return [ray.put(weights) if self.object_store else None]
 
 
 STEP_TIMEOUT_S = 600  # no single step on any device takes this long: past it, something hangs
@@ -53,6 +66,7 @@ RemoteServer = ray.remote(RayServer)
 
 class RayParameterServer(Strategy):
     name = "ray-ps"
+    uses_host_memory = True  # workers on the server's node exchange through shared memory
     floor_transfers = 2.0
     survives_worker_loss = True
     resumable = True
@@ -69,6 +83,19 @@ class RayParameterServer(Strategy):
         joined = bool(self.cfg["cluster"]["ray_address"])
         self.info = self._get([w.setup.remote(self.cfg, rank, workers_per_host(self.cfg, spec, joined))
                                for rank, (w, spec) in enumerate(zip(self.workers, workers))], "setting up")
+        self._share_host_memory()
+
+    def _share_host_memory(self) -> None:
+        """The workers on the server's node map one shared file with it; the others use the object store."""
+        here = ray.get_runtime_context().get_node_id()
+        local = [r for r, i in enumerate(self.info) if i["node_id"] == here and self.uses_host_memory]
+        shared = self._get([self.server.share_with.remote(self.cfg, len(local))], "sharing memory")[0] if local else None
+        attached = self._get([self.workers[r].attach.remote(*shared, len(local), slot)
+                              for slot, r in enumerate(local)], "sharing memory") if shared else []
+        in_shared_memory = {r for r, ok in zip(local, attached) if ok}
+        for rank, info in enumerate(self.info):
+            info["transport"] = "shared memory" if rank in in_shared_memory else "object store"
+        self._get([self.server.shared_by_all.remote(len(in_shared_memory) < len(self.workers))], "sharing memory")
 
     def reset(self, seed: int) -> None:
         self.ahead = None  # (step, its compute calls) submitted before the step was called
@@ -131,7 +158,7 @@ class RayParameterServer(Strategy):
         self._get([w.resplit.remote(self.batches, rank) for rank, w in enumerate(self.workers)], "re-splitting")
 
     def weights(self) -> torch.Tensor:
-        return torch.from_numpy(ray.get(ray.get(self.weights_ref)[0]).copy())
+        return torch.from_numpy(self._get([self.server.params.remote()], "reading the weights")[0].copy())
 
     def worker_info(self) -> list[dict]:
         peaks = self._get([w.peak_rss_mb.remote() for w in self.workers], "reading memory")
@@ -195,6 +222,7 @@ class RayParameterServerAsync(RayParameterServer):
     """
 
     name = "ray-ps-async"
+    uses_host_memory = False  # the server writes while other workers read: each needs its own copy
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
     resumable = False       # gradients in flight at a checkpoint would be lost: not built yet
 

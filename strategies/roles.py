@@ -13,7 +13,8 @@ from .checkpoints import load_train_state, train_state
 from .clock import now
 from .data import cached_mnist
 from .devices import configure_threads, keep_freed_memory, resolve_device
-from .gradients import FlatModel, from_buffer, weighted_sum
+from .gradients import FlatModel, count_parameters, from_buffer, weighted_sum
+from .host_memory import HostBuffers
 from .processes import peak_rss_mb
 from .workload import build_model, build_optimizer, forward_backward
 
@@ -24,6 +25,8 @@ class Replica:
     Every strategy that computes on remote workers runs this: the device is resolved here, on
     the worker's node, never on the driver.
     """
+
+    shared: HostBuffers | None = None
 
     def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
         configure_threads(cfg["threads"], threads_share)
@@ -52,10 +55,22 @@ class Replica:
         self.seed = seed
         self.flat = FlatModel(build_model(self.cfg["dropout"], seed).to(self.device))
 
+    def attach(self, path: str, numel: int, slots: int, slot: int) -> bool:
+        """On the server's host: map its shared memory, where my weights come and my gradient goes."""
+        self.shared, self.slot = HostBuffers.attach(path, numel, slots), slot
+        return self.shared is not None
+
     def compute(self, weights, step: int):
-        """(2a) load the shared weights, (1) forward+backward on my slice, (2b) hand back my gradient."""
-        self.flat.load_params(from_buffer(weights))
+        """(2a) load the new weights, (1) forward+backward on my slice, (2b) hand back my gradient.
+
+        With shared memory the weights are already there (`weights` only orders the call) and the
+        gradient is left in my slot: what comes back is the slot's number.
+        """
+        self.flat.load_params(self.shared.weights if self.shared else from_buffer(weights))
         compute_s = self.local_step(step)
+        if self.shared:
+            self.shared.gradient(self.slot).copy_(self.flat.grads)
+            return self.slot, compute_s
         return self.flat.grads.to("cpu").numpy(), compute_s
 
     def alone(self, steps: int, warmup: int) -> float:
@@ -96,11 +111,24 @@ class Replica:
 class ParameterServer:
     """Master weights and the optimizer, on CPU (a Ray actor in ray-ps, the client in dask-sync)."""
 
+    shared: HostBuffers | None = None
+
+    def share_with(self, cfg: dict, slots: int) -> tuple[str, int] | None:
+        """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
+        self.shared = HostBuffers.create(count_parameters(build_model(cfg["dropout"], 0)), slots)
+        return (self.shared.path, self.shared.numel) if self.shared else None
+
+    def shared_by_all(self) -> None:
+        """Every worker that could has mapped the shared memory: its name goes (nothing to leave behind)."""
+        if self.shared:
+            self.shared.unlink()
+
     def reset(self, cfg: dict, seed: int):
         # The update runs while every worker waits for it: give it all of this host's cores.
         configure_threads(0)
         keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
-        self.flat = FlatModel(build_model(cfg["dropout"], seed))
+        # the master weights live where the workers on this host read them: publishing them is free
+        self.flat = FlatModel(build_model(cfg["dropout"], seed), self.shared and self.shared.weights)
         self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
         return self.flat.params.numpy()
 
@@ -112,8 +140,13 @@ class ParameterServer:
         return self.flat.params.numpy()
 
     def apply(self, shares: list[float], *grads):
-        """(2c) the gradients weighted by their batch shares, (3) one optimizer step; new weights out."""
+        """(2c) the gradients (arrays, or slots of shared memory) weighted by their batch shares,
+        (3) one optimizer step; new weights out."""
         start = time.perf_counter()
-        weighted_sum([from_buffer(g) for g in grads], shares, out=self.flat.grads)
+        grads = [self.shared.gradient(g) if isinstance(g, int) else from_buffer(g) for g in grads]
+        weighted_sum(grads, shares, out=self.flat.grads)
         self.optimizer.step()
         return self.flat.params.numpy(), time.perf_counter() - start
+
+    def params(self):
+        return self.flat.params.numpy()

@@ -23,6 +23,7 @@ def test_learns_with_worker_resident_replicas(tmp_path):
     assert record["status"] == "ok" and record["final_accuracy"] > 0.5  # chance is 0.1
     assert [w["device"] for w in record["workers"]] == ["cpu", "cpu"]
     assert len({w["dask_worker"] for w in record["workers"]}) == 2  # one Dask worker each
+    assert [w["transport"] for w in record["workers"]] == ["shared memory"] * 2  # a LocalCluster is on this host
     assert record["step"]["comm_s"] > 0 and record["startup_s"] > 0
 
 
@@ -88,6 +89,12 @@ def test_unreachable_scheduler_is_exit_2_within_bounded_time(tmp_path):
                       "--set", "download=false", "--results-dir", str(tmp_path), timeout=120)
     assert_one_line_error(result, "cannot reach tcp://127.0.0.1:9 within 3 s")
     assert time.monotonic() - started < 60
+
+
+def test_only_a_worker_at_an_address_of_this_host_shares_its_memory():
+    assert dask_sync._on_this_host("tcp://127.0.0.1:40000")
+    assert not dask_sync._on_this_host("tcp://192.0.2.1:40000")  # TEST-NET-1: never an address here
+    assert not dask_sync._on_this_host("tcp://mac.local:40000")
 
 
 def test_live_workers_are_asked_of_the_scheduler_not_the_clients_cache():

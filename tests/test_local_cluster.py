@@ -153,6 +153,9 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     # the head listens on the host end of the veth pair, the mac node inside its namespace
     assert (ps["workers"][0]["node_ip"], ps["workers"][1]["node_ip"]) == ("10.231.0.1", "10.231.0.2")
     assert dask["workers"][1]["dask_worker"].startswith("tcp://10.231.0.2:")
+    # the mac's gradients and weights cross the link; the desk's, on the server's host, do not
+    assert [w["transport"] for w in ps["workers"]] == ["shared memory", "object store"]
+    assert [w["transport"] for w in dask["workers"]] == ["shared memory", "tcp"]
     assert floor["link"] == {"rate": "200mbit"}
     assert "200mbit" in (tmp_path / "quick.md").read_text()
     assert processes_mentioning(*cluster_addresses(records)) == []

@@ -1,6 +1,7 @@
 """ray-ps / ray-ps-async on real Ray: the update rule, learning, placement, a dying worker, bad addresses."""
 import json
 import time
+from pathlib import Path
 
 import pytest
 import ray
@@ -11,7 +12,8 @@ from strategies.errors import UserError
 from strategies.runner import run
 from tests.conftest import LABELLED, placed_workers, run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
-from tests.test_equivalence import UNEQUAL
+from strategies.single import Single
+from tests.test_equivalence import UNEQUAL, first_update
 
 
 def test_async_learns_and_records_bounded_staleness(tmp_path):
@@ -57,6 +59,22 @@ def test_worker_labelled_for_the_second_node_runs_there(tmp_path, two_nodes):
                             small_config(tmp_path, f"cluster.ray_address={cluster.address}", LABELLED), "node_id")
     assert placed["m"] == mac.node_id
     assert placed["d"] != mac.node_id
+
+
+def test_a_worker_on_the_servers_node_shares_memory_with_it_and_the_update_stays_exact(tmp_path, two_nodes):
+    cluster, _ = two_nodes
+    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}", LABELLED, "dropout=0")
+    strategy = ray_ps.RayParameterServer(cfg)
+    try:
+        strategy.start()
+        transports = {w["name"]: w["transport"] for w in strategy.worker_info()}
+        assert not list(Path("/dev/shm").glob("hetbench-*"))  # unlinked once mapped: nothing can be left
+    finally:
+        strategy.close()
+    # the driver (and so the server) is on the head node, beside `d`; `m` is on the second node
+    assert transports == {"d": "shared memory", "m": "object store"}
+    mixed = first_update(ray_ps.RayParameterServer, cfg)
+    assert torch.allclose(mixed, first_update(Single, cfg), atol=1e-5, rtol=0)
 
 
 def test_a_label_no_node_has_fails_fast(tmp_path, two_nodes):
