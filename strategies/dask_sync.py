@@ -23,6 +23,7 @@ from .base import StepTiming, Strategy, quiet_loggers, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
+from .local_cluster import placement_labels
 from .nodes import dask_workers
 from .roles import ParameterServer, Replica
 
@@ -63,8 +64,11 @@ class DaskSync(Strategy):
 
     def _share_host_memory(self) -> None:
         """Workers on this host exchange weights and gradients through memory this process and they
-        map, not through their sockets."""
-        local = [rank for rank, address in enumerate(self.addresses) if _on_this_host(address)]
+        map, not through their sockets. In a one-box multi-node cluster only the head node's workers
+        count as this host: the other nodes stand for other machines (as they do for ray-ps)."""
+        head = placement_labels(self.cfg)[0] if self.cfg["cluster"]["mode"] == "local-multinode" else None
+        local = [rank for rank, (address, worker) in enumerate(zip(self.addresses, self.cfg["workers"]))
+                 if _on_this_host(address) and head in (None, worker["node"])]
         shared = self.server.share_with(self.cfg, len(local)) if local else None
         attached = self._results([self.replicas[r].attach(*shared, len(local), slot) for slot, r in enumerate(local)],
                                  "sharing memory") if shared else []

@@ -63,6 +63,9 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert ps[0]["node_id"] != ps[1]["node_id"]                      # two Ray nodes, one per label
     dask = by_scenario[("dask-sync", "equal")]["workers"]
     assert dask[0]["dask_worker"] != dask[1]["dask_worker"]
+    # only the head node's worker shares the server's memory: the mac node stands for another machine
+    assert [w["transport"] for w in ps] == ["shared memory", "object store"]
+    assert [w["transport"] for w in dask] == ["shared memory", "tcp"]
     auto = by_scenario[("ray-ps", "auto")]
     standalone = {w["name"]: w["standalone_samples_per_s"] for w in auto["workers"]}
     assert standalone["desk"] > standalone["mac"]                   # the emulated 3x slowdown is real
