@@ -5,7 +5,8 @@ weights and optimizer. Every message is one flat float32 buffer: a worker on the
 exchanges it through shared memory both map (host_memory.py); one on another node through
 Ray's object store, put once by the process that made it and read zero-copy by the others.
 When steps follow each other at once, the next step's calls wait on the workers before the
-new weights exist (4).
+new weights exist (4). In shared memory the workers and the server hand each other the turn
+through counters in the same file (host_memory.py), not through Ray's dependencies.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
 from .ray_cluster import RayConnection, on_driver_node, placement
+from .host_memory import HostBuffers
 from .roles import ParameterServer, Replica
 
 # Across nodes both flat buffers travel as [ObjectRef], put by the process that made them: returned by value,
@@ -31,8 +33,8 @@ class RayWorker(Replica):
         return {**super().setup(cfg, rank, threads_share), "node_id": ray.get_runtime_context().get_node_id(),
                 "node_ip": ray.util.get_node_ip_address()}
 
-    def compute(self, weights: list, step: int):
-        grad, compute_s = super().compute(None if self.shared else ray.get(weights[0]), step)
+    def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
+        grad, compute_s = super().compute(None if self.shared else ray.get(weights[0]), step, ticket, after)
         return [grad if self.shared else ray.put(grad)], compute_s
 
 
@@ -49,10 +51,10 @@ class RayServer(ParameterServer):
     def load_state(self, state: dict) -> list:
         return self._put(super().load_state(state))
 
-    def apply(self, shares: list[float], *grads: list):
+    def apply(self, shares: list[float], *grads: list, ticket: int | None = None):
         refs = [g[0] for g in grads if isinstance(g[0], ray.ObjectRef)]  # the others are slots of shared memory
         fetched = dict(zip(refs, ray.get(refs)))
-        weights, update_s = super().apply(shares, *[fetched.get(g[0], g[0]) for g in grads])
+        weights, update_s = super().apply(shares, *[fetched.get(g[0], g[0]) for g in grads], ticket=ticket)
         return self._put(weights), update_s
 
     def _put(self, weights) -> list:
@@ -95,10 +97,15 @@ class RayParameterServer(Strategy):
         in_shared_memory = {r for r, ok in zip(local, attached) if ok}
         for rank, info in enumerate(self.info):
             info["transport"] = "shared memory" if rank in in_shared_memory else "object store"
+        # Where this process maps the file too (it can give up a step for them), the workers and the
+        # server hand each other the turn through its counters, not through Ray's calls.
+        self.host = HostBuffers.attach(*shared, len(local)) if in_shared_memory and HostBuffers.can_hand_off() else None
+        self.slots = [local.index(r) if r in in_shared_memory and self.host else None for r in range(len(self.workers))]
+        self.ticket = 0  # one per step attempt; the counters only ever grow
         self._get([self.server.shared_by_all.remote(len(in_shared_memory) < len(self.workers))], "sharing memory")
 
     def reset(self, seed: int) -> None:
-        self.ahead = None  # (step, its compute calls) submitted before the step was called
+        self.ahead = None  # (step, its ticket, its compute calls) submitted before the step was called
         self.weights_ref = self.server.reset.remote(self.cfg, seed)
         self._get([w.reset.remote(seed) for w in self.workers] + [self.weights_ref], "resetting")
 
@@ -109,30 +116,66 @@ class RayParameterServer(Strategy):
         while True:
             try:
                 return self._step(step, start, then)
-            except WorkersLost as e:  # the server never ran this step's update: redo it with the survivors
+            except WorkersLost as e:
                 _discard(self.step_refs)
-                self.ahead, self.weights_ref = None, weights_before
+                self.ahead = None
+                if _succeeded(self.update_ref):  # (hand-off) every gradient was in before the loss showed: done
+                    self.ended = now()
+                    timing = StepTiming.synchronous(self._survivors_computes(), self.ended - start,
+                                                    ray.get(self.update_ref))
+                    self._lose(e.ranks, step)
+                    return timing
+                # the server never ran this step's update: redo it with the survivors
+                self.weights_ref = weights_before
                 self._lose(e.ranks, step)
 
     def _step(self, step: int, start: float, then: int | None) -> StepTiming:
         # (1) every worker computes on its own batch, from the weights stored once for all of them
-        outputs = self.ahead[1] if self.ahead and self.ahead[0] == step else self._compute(step)
+        if self.ahead and self.ahead[0] == step:
+            _, ticket, outputs = self.ahead
+        else:
+            ticket = self._next_ticket()
+            outputs = self._compute(step, ticket)
         grads, compute_refs = zip(*outputs)
         # (2) (3) the server combines by the sample-weighted rule and steps; Ray passes it the
-        # gradients straight from the workers' object-store entries
-        self.weights_ref, update_ref = self.server.apply.options(num_returns=2).remote(self.shares, *grads)
+        # gradients straight from the workers' object-store entries (in shared memory: their slots,
+        # each waited for on its counter)
+        grads = [g if slot is None else [slot] for g, slot in zip(grads, self.slots)]
+        self.weights_ref, update_ref = self.server.apply.options(num_returns=2).remote(
+            self.shares, *grads, ticket=ticket if self.host else None)
         # (4) when the runner goes straight on, the next step's calls are queued now: each worker
         # starts as soon as the new weights exist, without waiting for a round trip through here
-        self.ahead = (then, self._compute(then)) if then is not None else None
-        ahead_refs = [ref for call in self.ahead[1] for ref in call] if self.ahead else []
-        self.step_refs = [*grads, self.weights_ref, update_ref, *ahead_refs]
+        self.ahead = None
+        if then is not None:
+            next_ticket = self._next_ticket()
+            self.ahead = (then, next_ticket, self._compute(then, next_ticket, after=ticket))
+        ahead_refs = [ref for call in self.ahead[2] for ref in call] if self.ahead else []
+        self.compute_refs, self.update_ref = compute_refs, update_ref
+        self.step_refs = [*grads, *compute_refs, self.weights_ref, update_ref, *ahead_refs]
+        compute = self._get(list(compute_refs), f"step {step}", survivable=True)
         # the update's timing is the server's other return: once it is here, so are the new weights
-        *compute, update_s = self._get(list(compute_refs) + [update_ref], f"step {step}", survivable=True)
+        (update_s,) = self._get([update_ref], f"step {step}", survivable=True)
         self.ended = now()
         return StepTiming.synchronous({w["name"]: c for w, c in zip(self.info, compute)}, self.ended - start, update_s)
 
-    def _compute(self, step: int) -> list:
-        return [w.compute.options(num_returns=2).remote(self.weights_ref, step) for w in self.workers]
+    def _compute(self, step: int, ticket: int, after: int | None = None) -> list:
+        """Every worker's call for `step`; one `after` a weights version waits for it in shared memory,
+        with no Ray dependency on the server's call (the others wait for the weights' ref)."""
+        return [w.compute.options(num_returns=2).remote(self.weights_ref, step) if slot is None else
+                w.compute.options(num_returns=2).remote(None if after is not None else self.weights_ref, step, ticket, after)
+                for w, slot in zip(self.workers, self.slots)]
+
+    def _survivors_computes(self) -> dict[str, float]:
+        return {info["name"]: ray.get(ref) for info, ref in zip(self.info, self.compute_refs) if _succeeded(ref)}
+
+    def _next_ticket(self) -> int:
+        self.ticket += 1
+        return self.ticket
+
+    def _give_up_hand_offs(self) -> None:
+        """A worker or the server is gone: every wait in shared memory for a step attempt so far ends."""
+        if getattr(self, "host", None):
+            self.host.abandon(self.ticket)
 
     def state(self) -> dict:
         return self._get([self.server.state.remote()], "checkpointing")[0]
@@ -150,7 +193,7 @@ class RayParameterServer(Strategy):
     def _lose(self, ranks: list[int], step: int) -> None:
         """Forget the lost workers (highest rank first, so the others keep their places), re-split."""
         for rank in sorted(ranks, reverse=True):
-            del self.workers[rank], self.specs[rank]
+            del self.workers[rank], self.specs[rank], self.slots[rank]
             self.lose_worker(rank, step)
         self.push_split()
 
@@ -169,12 +212,15 @@ class RayParameterServer(Strategy):
             self.cluster.close()
 
     def _get(self, refs: list, doing: str, survivable: bool = False) -> list:
-        return results(refs, doing, self.name, self.workers, self.specs, survivable)
+        return results(refs, doing, self.name, self.workers, self.specs, survivable, self._give_up_hand_offs)
 
 
-def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict], survivable: bool = False) -> list:
+def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict], survivable: bool = False,
+            on_death=None) -> list:
     """ray.get with errors in one sentence: bad input stays bad input, a dead worker is named
-    (or, where the caller can go on without it, WorkersLost with the dead workers' ranks)."""
+    (or, where the caller can go on without it, WorkersLost with the dead workers' ranks).
+    `on_death` runs first when an actor died: what waits for it must stop waiting before the
+    others are asked whether they are alive."""
     try:
         return ray.get(refs, timeout=STEP_TIMEOUT_S)
     except ray.exceptions.RayTaskError as e:
@@ -182,6 +228,8 @@ def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict],
             raise UserError(str(e.cause)) from None
         raise RunFailed(f"{owner} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
     except ray.exceptions.RayActorError:
+        if on_death:
+            on_death()
         dead = dead_ranks(actors)
         if dead and survivable:
             raise WorkersLost(dead) from None
@@ -198,6 +246,15 @@ def _discard(refs: list) -> None:
             ray.get(ref, timeout=STEP_TIMEOUT_S)
         except Exception:  # the failure is what we expect here
             pass
+
+
+def _succeeded(ref) -> bool:
+    """Whether a settled call returned (rather than failed)."""
+    try:
+        ray.get(ref, timeout=STEP_TIMEOUT_S)
+        return True
+    except Exception:  # its failure is the question asked
+        return False
 
 
 def dead_ranks(actors: list) -> list[int]:

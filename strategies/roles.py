@@ -60,16 +60,21 @@ class Replica:
         self.shared, self.slot = HostBuffers.attach(path, numel, slots), slot
         return self.shared is not None
 
-    def compute(self, weights, step: int):
+    def compute(self, weights, step: int, ticket: int | None = None, after: int | None = None):
         """(2a) load the new weights, (1) forward+backward on my slice, (2b) hand back my gradient.
 
-        With shared memory the weights are already there (`weights` only orders the call) and the
-        gradient is left in my slot: what comes back is the slot's number.
+        With shared memory the weights are already there and the gradient is left in my slot: what
+        comes back is the slot's number. With a `ticket` the slot's counter says so too, and with
+        `after` I first wait for that weights version (no call of anyone's orders mine then).
         """
+        if after is not None:
+            self.shared.wait_weights(after)
         self.flat.load_params(self.shared.weights if self.shared else from_buffer(weights))
         compute_s = self.local_step(step)
         if self.shared:
             self.shared.gradient(self.slot).copy_(self.flat.grads)
+            if ticket is not None:
+                self.shared.publish_gradient(self.slot, ticket)
             return self.slot, compute_s
         return self.flat.grads.to("cpu").numpy(), compute_s
 
@@ -139,13 +144,19 @@ class ParameterServer:
         load_train_state(self.flat, self.optimizer, state)
         return self.flat.params.numpy()
 
-    def apply(self, shares: list[float], *grads):
+    def apply(self, shares: list[float], *grads, ticket: int | None = None):
         """(2c) the gradients (arrays, or slots of shared memory) weighted by their batch shares,
-        (3) one optimizer step; new weights out."""
+        (3) one optimizer step; new weights out. With a `ticket`, each slot's gradient is waited
+        for on its counter and the new weights are announced on the version counter."""
+        for g in grads:
+            if ticket is not None and isinstance(g, int):
+                self.shared.wait_gradient(g, ticket)
         start = time.perf_counter()
         grads = [self.shared.gradient(g) if isinstance(g, int) else from_buffer(g) for g in grads]
         weighted_sum(grads, shares, out=self.flat.grads)
         self.optimizer.step()
+        if ticket is not None:
+            self.shared.publish_weights(ticket)
         return self.flat.params.numpy(), time.perf_counter() - start
 
     def params(self):
