@@ -17,8 +17,8 @@ from .base import StepTiming, Strategy, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
-from .ray_cluster import RayConnection, on_driver_node, placement
 from .host_memory import HostBuffers
+from .ray_cluster import RayConnection, on_driver_node, placement
 from .roles import ParameterServer, Replica
 
 # Across nodes both flat buffers travel as [ObjectRef], put by the process that made them: returned by value,
