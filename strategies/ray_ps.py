@@ -242,14 +242,11 @@ def results(refs: list, doing: str, owner: str, actors: list, specs: list[dict],
 def _discard(refs: list) -> None:
     """Read a failed step's results once, so Ray does not report their errors as unhandled."""
     for ref in refs:
-        try:
-            ray.get(ref, timeout=STEP_TIMEOUT_S)
-        except Exception:  # the failure is what we expect here
-            pass
+        _succeeded(ref)
 
 
 def _succeeded(ref) -> bool:
-    """Whether a settled call returned (rather than failed)."""
+    """Whether a call returned (rather than failed), waiting for it to settle."""
     try:
         ray.get(ref, timeout=STEP_TIMEOUT_S)
         return True
