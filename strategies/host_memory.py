@@ -27,6 +27,7 @@ import torch
 SHM_DIR = "/dev/shm"
 VERSION, ABANDONED, FIRST_SLOT = 0, 1, 2  # the counters: weights version, last abandoned ticket, one per slot
 WAIT_LIMIT_S = 600.0  # as ray-ps's step timeout: a hand-off this late means a peer is gone
+CHECK_EVERY_S = 0.5   # how often a wait looks up from its futex: limit, parent, the caller's own check
 # Linux's futex syscall; only on x86-64, whose stores become visible in program order (a plain
 # store of the counter after the buffer's writes is then a release). Elsewhere: no hand-off.
 FUTEX = {"x86_64": 202}.get(platform.machine()) if sys.platform == "linux" else None
@@ -97,8 +98,9 @@ class HostBuffers:
     def wait_weights(self, ticket: int) -> None:
         self._wait(VERSION, ticket)
 
-    def wait_gradient(self, slot: int, ticket: int) -> None:
-        self._wait(FIRST_SLOT + slot, ticket)
+    def wait_gradient(self, slot: int, ticket: int, check=None) -> None:
+        """`check()`, called while the wait goes on, may raise to end it (e.g. its worker is gone)."""
+        self._wait(FIRST_SLOT + slot, ticket, check)
 
     def abandon(self, ticket: int) -> None:
         """Every wait for this ticket or an older one raises Abandoned (its step is being redone or ended)."""
@@ -110,17 +112,20 @@ class HostBuffers:
         ctypes.c_int32.from_address(self._address(index)).value = value
         _futex(self._address(index), FUTEX_WAKE, 2**31 - 1)
 
-    def _wait(self, index: int, ticket: int) -> None:
+    def _wait(self, index: int, ticket: int, check=None) -> None:
         cell, abandoned = (ctypes.c_int32.from_address(self._address(i)) for i in (index, ABANDONED))
-        deadline, parent = time.monotonic() + WAIT_LIMIT_S, os.getppid()
+        started, parent = time.monotonic(), os.getppid()
         while (seen := cell.value) < ticket:
             if abandoned.value >= ticket:
                 raise Abandoned(f"step attempt {ticket} was given up")
             if os.getppid() != parent:  # e.g. Ray's raylet was killed with the run: nobody will answer
                 raise Abandoned("the process that started this one is gone")
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - started
+            if waited > WAIT_LIMIT_S:
                 raise TimeoutError(f"no hand-off within {WAIT_LIMIT_S:g} s (ticket {ticket})")
-            _futex(self._address(index), FUTEX_WAIT, seen, Timespec(1, 0))  # re-check the deadline each second
+            if check and waited >= CHECK_EVERY_S:  # not at once: a hand-off on time costs no check
+                check()
+            _futex(self._address(index), FUTEX_WAIT, seen, Timespec(0, int(CHECK_EVERY_S * 1e9)))
 
     def _address(self, index: int) -> int:
         return self.counters.data_ptr() + 4 * index
@@ -131,6 +136,23 @@ class HostBuffers:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+class HandsOff:
+    """The side of the hand-off that gives steps their tickets (ray-ps's driver, dask-sync's client),
+    for a strategy whose `host` maps the file (None: no hand-off)."""
+
+    host: HostBuffers | None = None
+    ticket = 0  # one per step attempt; the counters only ever grow
+
+    def _next_ticket(self) -> int:
+        self.ticket += 1
+        return self.ticket
+
+    def _give_up_hand_offs(self) -> None:
+        """A worker (or the server) is gone: every wait in shared memory for a step attempt so far ends."""
+        if self.host:
+            self.host.abandon(self.ticket)
 
 
 def _header(slots: int) -> int:

@@ -17,7 +17,7 @@ from .base import StepTiming, Strategy, workers_per_host
 from .clock import now
 from .errors import RunFailed, UserError, WorkersLost
 from .gradients import batch_shares
-from .host_memory import HostBuffers
+from .host_memory import HandsOff, HostBuffers
 from .ray_cluster import RayConnection, on_driver_node, placement
 from .roles import ParameterServer, Replica
 
@@ -66,7 +66,7 @@ RemoteWorker = ray.remote(RayWorker)
 RemoteServer = ray.remote(RayServer)
 
 
-class RayParameterServer(Strategy):
+class RayParameterServer(Strategy, HandsOff):
     name = "ray-ps"
     uses_host_memory = True  # workers on the server's node exchange through shared memory
     floor_transfers = 2.0
@@ -101,7 +101,6 @@ class RayParameterServer(Strategy):
         # server hand each other the turn through its counters, not through Ray's calls.
         self.host = HostBuffers.attach(*shared, len(local)) if in_shared_memory and HostBuffers.can_hand_off() else None
         self.slots = [local.index(r) if r in in_shared_memory and self.host else None for r in range(len(self.workers))]
-        self.ticket = 0  # one per step attempt; the counters only ever grow
         self._get([self.server.shared_by_all.remote(len(in_shared_memory) < len(self.workers))], "sharing memory")
 
     def reset(self, seed: int) -> None:
@@ -167,15 +166,6 @@ class RayParameterServer(Strategy):
 
     def _survivors_computes(self) -> dict[str, float]:
         return {info["name"]: ray.get(ref) for info, ref in zip(self.info, self.compute_refs) if _succeeded(ref)}
-
-    def _next_ticket(self) -> int:
-        self.ticket += 1
-        return self.ticket
-
-    def _give_up_hand_offs(self) -> None:
-        """A worker or the server is gone: every wait in shared memory for a step attempt so far ends."""
-        if getattr(self, "host", None):
-            self.host.abandon(self.ticket)
 
     def state(self) -> dict:
         return self._get([self.server.state.remote()], "checkpointing")[0]

@@ -144,13 +144,14 @@ class ParameterServer:
         load_train_state(self.flat, self.optimizer, state)
         return self.flat.params.numpy()
 
-    def apply(self, shares: list[float], *grads, ticket: int | None = None):
+    def apply(self, shares: list[float], *grads, ticket: int | None = None, check=None):
         """(2c) the gradients (arrays, or slots of shared memory) weighted by their batch shares,
         (3) one optimizer step; new weights out. With a `ticket`, each slot's gradient is waited
-        for on its counter and the new weights are announced on the version counter."""
+        for on its counter (`check` may end that wait) and the new weights are announced on the
+        version counter."""
         for g in grads:
             if ticket is not None and isinstance(g, int):
-                self.shared.wait_gradient(g, ticket)
+                self.shared.wait_gradient(g, ticket, check)
         start = time.perf_counter()
         grads = [self.shared.gradient(g) if isinstance(g, int) else from_buffer(g) for g in grads]
         weighted_sum(grads, shares, out=self.flat.grads)

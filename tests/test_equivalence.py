@@ -31,3 +31,21 @@ def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path,
     got = first_update(strategy_cls, cfg)
     assert not ray.is_initialized()  # close() shut any private Ray instance down
     assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
+@pytest.mark.parametrize("strategy_cls", [RayParameterServer, DaskSync])
+def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, strategy_cls):
+    strategy = strategy_cls(small_config(tmp_path, UNEQUAL, "dropout=0"))
+    try:
+        strategy.start()
+        trained = []
+        for ahead in (True, False):
+            strategy.reset(0)
+            initial = strategy.weights()
+            timings = [strategy.step(step, step + 1 if ahead and step < 3 else None) for step in range(4)]
+            trained.append(strategy.weights())
+            assert all(t.total_s >= max(t.compute_s.values()) > 0 for t in timings)
+    finally:
+        strategy.close()
+    assert not torch.equal(trained[0], initial)  # it did train
+    assert torch.equal(trained[0], trained[1])

@@ -1,9 +1,15 @@
 """Faults: a worker killed mid-run (for real) and the run going on with the survivors."""
 import json
+import os
+import signal
+import time
 
 import pytest
+import torch
 
+from strategies.dask_sync import DaskSync
 from strategies.errors import UserError
+from strategies.ray_ps import RayParameterServer
 from strategies.runner import faults_for, run
 from tests.conftest import small_config
 
@@ -79,3 +85,24 @@ def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
 def test_bad_faults_are_one_sentence(tmp_path, faults, message):
     with pytest.raises(UserError, match=message):
         small_config(tmp_path, TWO, f"faults={faults}", "steps=5", "warmup_steps=3")
+
+
+@pytest.mark.parametrize("strategy_cls", [RayParameterServer, DaskSync])
+def test_a_worker_killed_while_steps_run_ahead_in_shared_memory_is_survived_without_waiting(tmp_path, strategy_cls):
+    # its gradient counter never moves: the server's wait and the survivor's wait for the weights must end
+    strategy = strategy_cls(small_config(tmp_path, TWO, "dropout=0"))
+    try:
+        strategy.start()
+        assert [i["transport"] for i in strategy.info] == ["shared memory"] * 2 and strategy.host is not None
+        strategy.reset(0)
+        strategy.step(0, 1)
+        os.kill(strategy.info[1]["pid"], signal.SIGKILL)  # while it computes step 1, queued ahead
+        started = time.monotonic()
+        timings = [strategy.step(1, 2), strategy.step(2, 3), strategy.step(3, None)]
+        assert time.monotonic() - started < 60  # no wait ran into its limit
+        assert [w["name"] for w in strategy.lost] == ["small"] and strategy.batches == [64]
+        assert list(timings[-1].compute_s) == ["big"] and all(t.total_s > 0 for t in timings)
+        assert torch.isfinite(strategy.weights()).all()
+    finally:
+        strategy.close()
+    assert not any(name.startswith("hetbench-") for name in os.listdir("/dev/shm"))
