@@ -102,6 +102,9 @@ class HostBuffers:
         """`check()`, called while the wait goes on, may raise to end it (e.g. its worker is gone)."""
         self._wait(FIRST_SLOT + slot, ticket, check)
 
+    def gradient_in(self, slot: int, ticket: int) -> bool:
+        return int(self.counters[FIRST_SLOT + slot]) >= ticket
+
     def abandon(self, ticket: int) -> None:
         """Every wait for this ticket or an older one raises Abandoned (its step is being redone or ended)."""
         self.counters[ABANDONED] = max(ticket, int(self.counters[ABANDONED]))
