@@ -36,8 +36,8 @@ class DaskReplica(Replica):
     def compute(self, weights, step: int, ticket: int | None = None, after: int | None = None):
         answer = super().compute(weights, step, ticket, after)
         if ticket is not None:
-            # answer once the update is done: answers that reach the client while it updates cost the
-            # update the client's GIL (its event loop thread reads them), measured 1.5-3 ms a step
+            # answer once the update is done: an answer reaching the client while it updates takes the
+            # GIL from the update (the client's event loop thread reads it)
             self.shared.wait_weights(ticket)
         return answer
 
