@@ -1,7 +1,7 @@
 """Dask synchronous data parallelism: single.py's loop with (1) on Dask workers, (2)(3) on the client.
 
 Each configured worker maps to one Dask worker, which holds a model replica and its data
-between steps as a Dask actor (Replica, as in ray-ps; answering once the update is done). Actor calls go straight from the client
+between steps as a Dask actor (Replica, as in ray-ps). Actor calls go straight from the client
 to the worker (direct_to_workers: relayed by the scheduler, the overhead per step was ~40% more
 here): a step sends each worker the new flat weights, gets its flat gradient back, and the
 client applies the shared sample-weighted rule and the optimizer (ParameterServer, in-process).
