@@ -42,7 +42,6 @@ class DaskReplica(Replica):
         return answer
 
 
-
 class DaskSync(Strategy, HandsOff):
     name = "dask-sync"
     floor_transfers = 2.0
