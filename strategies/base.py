@@ -118,7 +118,7 @@ class Strategy(ABC):
         computes = [[t.compute_s[info["name"]] for t in timings if t.compute_s.get(info["name"])] for info in self.info]
         batches = speed_split(self.cfg["batch_size"], self.batches, computes)
         if batches is not None:
-            self.events.append({"step": step, "rebalanced": self._set_split(batches)})
+            self.events.append(resplit_event(self.cfg, step, self._set_split(batches)))
             self.push_split()
 
     def push_split(self) -> None:
@@ -155,6 +155,21 @@ def speed_split(global_batch: int, batches: list[int], computes: list[list[float
     if max(abs(n - b) for n, b in zip(new, batches)) < REBALANCE_MIN_SHIFT * global_batch:
         return None
     return new
+
+
+def resplit_due(cfg: dict, step: int, window_steps: int) -> bool:
+    """Whether the split is re-derived after `step`, `window_steps` steps since it last changed
+    (this one included): every rebalance_every steps, and for `auto` once at the end of warm-up.
+    auto's first split comes from each worker timed alone; in the run the workers share the
+    machine (and pay per-step costs) as they did not alone, and the warm-up steps show it."""
+    if 0 < cfg["rebalance_every"] <= window_steps:
+        return True
+    return cfg["balance"] == ["auto"] and step == cfg["warmup_steps"] - 1
+
+
+def resplit_event(cfg: dict, step: int, split: dict[str, int]) -> dict:
+    """The record of a new split; one made in warm-up is auto's own, not a rebalance_every one."""
+    return {"step": step, "rebalanced": split, **({"in_warmup": True} if step < cfg["warmup_steps"] else {})}
 
 
 def quiet_loggers(*names: str) -> None:

@@ -307,7 +307,8 @@ def balanced(cfg: dict, balance: str, measured: dict[str, float] | None = None) 
     """The config of one balance scenario: every worker's batch set, the global batch unchanged.
 
     equal: as validated (the configured batches, else an equal split); proportional: by each
-    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`).
+    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`), which
+    the runner corrects at the end of warm-up (base.resplit_due).
     """
     out = copy.deepcopy(cfg)
     out["balance"] = [balance]

@@ -23,6 +23,8 @@ from .base import (
     StepTiming,
     Strategy,
     quiet_loggers,
+    resplit_due,
+    resplit_event,
     speed_split,
     workers_per_host,
 )
@@ -188,7 +190,7 @@ def train_loop(config: dict) -> None:
             own_s = compute_s + (updated - reduced)
             window.append(own_s)
             split = None
-            if 0 < cfg["rebalance_every"] <= len(window):  # (4) a new split by the speeds in the run
+            if resplit_due(cfg, step, len(window)):  # (4) a new split by the speeds in the run
                 split, window = gathered_split(cfg, replica, window), []
                 if split is not None:
                     replica.resplit(split, index)
@@ -290,7 +292,7 @@ class RayTrainGloo(Strategy):
             print(f"{self.name}: Ray Train restarted the group; it went on from step {resumed_from}", file=sys.stderr)
         split = next((t["split"] for t in timings.values() if "split" in t), None)
         if split is not None:  # the ranks re-split themselves after this step (gathered_split)
-            self.events.append({"step": step, "rebalanced": split})
+            self.events.append(resplit_event(self.cfg, step, split))
             for info in self.info:
                 info["batch"] = split[info["name"]]
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}

@@ -38,7 +38,7 @@ def _workers(record: dict) -> str:
 
 
 def _balance(record: dict) -> str | None:
-    resplits = sum(1 for event in record.get("events", []) if "rebalanced" in event)
+    resplits = sum(1 for event in record.get("events", []) if "rebalanced" in event and not event.get("in_warmup"))
     return f"{record.get('balance')}, re-split {resplits}x" if resplits else record.get("balance")
 
 
@@ -133,8 +133,9 @@ gradients or weights (update: the part of comm a parameter server spends in its 
 and of the fastest worker idling for the slowest (ray-ps-async: time a worker was held back by
 max_staleness). sync overhead = step time - slowest compute;
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
-speeds measured alone; "re-split Nx": rebalance_every re-split it N times by the speeds measured
-in the run, and the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
+speeds measured alone, then once more by those of the warm-up steps, where the workers share the
+machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
+the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
 trains alone on the whole batch in the same run. "(slowed Nx)" marks an emulated slow worker.
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
 same run, over the same link), k = 1 for an all-reduce (ray-train-gloo), 2 for a parameter server

@@ -10,7 +10,7 @@ import torch
 from tqdm import tqdm
 
 from . import registry
-from .base import StepTiming, Strategy
+from .base import StepTiming, Strategy, resplit_due
 from .checkpoints import RunCheckpoints, from_saved, to_saved
 from .clock import cv, median, now
 from .config import balanced
@@ -65,7 +65,7 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
                 inject(strategy, fault, step, cluster)
         evaluating = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
         saving = save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total
-        rebalancing = strategy.rebalances and 0 < cfg["rebalance_every"] <= len(window) + 1
+        rebalancing = strategy.rebalances and resplit_due(cfg, step, len(window) + 1)
         pausing = evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
         seen = len(strategy.events)
         timing = strategy.step(step, None if pausing else step + 1)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from strategies.base import StepTiming, Strategy
+from strategies.base import StepTiming, Strategy, resplit_due, resplit_event
 from strategies.runner import run
 from tests.conftest import small_config
 
@@ -55,3 +55,30 @@ def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name):
     assert splits[-1]["slow"] < splits[-1]["fast"]  # equal at first; the slowed worker ends with less
     assert {w["name"]: w["batch"] for w in record["workers"]} == splits[-1]
     assert f"equal, re-split {len(splits)}x" in (tmp_path / "results" / "resplit.md").read_text()
+
+
+def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(tmp_path):
+    auto = small_config(tmp_path, "balance=[auto]", "warmup_steps=3", "rebalance_every=0")
+    assert [step for step in range(10) if resplit_due(auto, step, step + 1)] == [2]
+    equal = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=0")
+    assert not any(resplit_due(equal, step, step + 1) for step in range(10))
+    every = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=4")
+    assert [resplit_due(every, step, n) for step, n in ((3, 3), (3, 4), (9, 5))] == [False, True, True]
+    assert resplit_event(auto, 2, {"a": 1}) == {"step": 2, "rebalanced": {"a": 1}, "in_warmup": True}
+    assert resplit_event(auto, 3, {"a": 1}) == {"step": 3, "rebalanced": {"a": 1}}
+
+
+@pytest.mark.parametrize("name", ["ray-ps", "ray-train-gloo"])
+def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, name):
+    cfg = small_config(tmp_path, "name=auto", f"strategies=[{name}]", "batch_size=64", "balance=[auto]",
+                       "workers=[{name: fast}, {name: slow, slowdown: 3.0}]", "steps=4", "warmup_steps=3",
+                       "repeats=1", "eval_every=14", "floor.enabled=false")
+    # speeds "measured alone" that the run contradicts: auto starts from 32/32
+    (record,) = json.loads(run(cfg, standalone={"fast": 100.0, "slow": 100.0}).path.read_text())
+    assert record["status"] == "ok" and record["split"] == [32, 32]
+    (event,) = [e for e in record["events"] if "rebalanced" in e]
+    assert event["step"] == 2 and event["in_warmup"] and sum(event["rebalanced"].values()) == 64
+    assert event["rebalanced"]["slow"] < event["rebalanced"]["fast"]
+    assert {w["name"]: w["batch"] for w in record["workers"]} == event["rebalanced"]
+    (row,) = [line for line in (tmp_path / "results" / "auto.md").read_text().splitlines() if line.startswith(f"| {name} ")]
+    assert "| auto " in row and "re-split" not in row  # auto's own re-split is not a rebalance_every one
