@@ -69,9 +69,10 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
         pausing = evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
         seen = len(strategy.events)
         timing = strategy.step(step, None if pausing else step + 1)
-        for event in strategy.events[seen:]:  # what a loss or restart cost: the whole step it happened in
+        disruptions = [event for event in strategy.events[seen:] if "rebalanced" not in event]
+        for event in disruptions:  # what a loss or restart cost: the whole step it happened in
             event["step_s"] = timing.total_s
-        window = [] if len(strategy.events) > seen else [*window, timing]  # a loss re-split it
+        window = [] if disruptions else [*window, timing]  # a loss re-split it
         if rebalancing and window:
             started = now()
             strategy.rebalance(step, window)

@@ -78,6 +78,7 @@ def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, 
     assert record["status"] == "ok" and record["split"] == [32, 32]
     (event,) = [e for e in record["events"] if "rebalanced" in e]
     assert event["step"] == 2 and event["in_warmup"] and sum(event["rebalanced"].values()) == 64
+    assert "step_s" not in event  # a re-split costs no lost step (a loss or restart event has one)
     assert event["rebalanced"]["slow"] < event["rebalanced"]["fast"]
     assert {w["name"]: w["batch"] for w in record["workers"]} == event["rebalanced"]
     (row,) = [line for line in (tmp_path / "results" / "auto.md").read_text().splitlines() if line.startswith(f"| {name} ")]
