@@ -24,7 +24,7 @@ from .addresses import check_reachable
 from .errors import UserError
 from .floor import free_port
 from .netns import Link, check_can_emulate
-from .nodes import dask_worker_argv, dask_workers, ray_node_argv
+from .nodes import DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from .processes import kill_trees, stop_trees
 from .ray_cluster import RAY_ENV
 
@@ -51,7 +51,7 @@ class LocalMultinode:
         self.links: dict[str, Link] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
         # Token auth on, with a fresh token for this cluster only; the driver joins with it too.
-        self.env = {**os.environ, **RAY_ENV, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+        self.env = {**os.environ, **RAY_ENV, **DASK_NODE_ENV, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
                     "RAY_AUTH_TOKEN": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
         self.env.pop("RAY_ADDRESS", None)
         # A node cut off (a fault, a lost link) is declared dead within about 10 s, not Ray's ~30-60 s.

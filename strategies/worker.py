@@ -17,7 +17,7 @@ from importlib import metadata
 
 from .addresses import check_reachable
 from .errors import UserError
-from .nodes import dask_worker_argv, ray_node_argv
+from .nodes import DASK_NODE_ENV, dask_worker_argv, ray_node_argv
 from .processes import stop_trees
 
 MATCHED = ("ray", "torch", "hetbench")  # with Python's version: what must equal the head's
@@ -56,7 +56,7 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
     if os.environ.get("RAY_AUTH_MODE", "token") == "token" and not os.environ.get("RAY_AUTH_TOKEN"):
         raise UserError("RAY_AUTH_TOKEN is not set: copy the head's token from its .env "
                         "(export RAY_AUTH_TOKEN=...) so this node can join")
-    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    env = {**os.environ, **DASK_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
     logs = tempfile.mkdtemp(prefix="hetbench-worker-")
     procs, keep_logs = [], True  # logs are kept to read after a failure
     try:

@@ -211,7 +211,10 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_the_dask_scheduler_of_a_local_cluster_listens_on_loopback_only():
+def test_the_dask_of_a_local_cluster_listens_on_loopback_only_and_idles_quietly():
+    import dask
+    from distributed import Client
+
     from strategies.config import load_config
     from strategies.local_cluster import LocalMultinode
 
@@ -221,5 +224,17 @@ def test_the_dask_scheduler_of_a_local_cluster_listens_on_loopback_only():
     try:
         scheduler = cluster.start()["dask_scheduler"]
         assert listening_addresses(int(scheduler.rsplit(":", 1)[1])) == {"127.0.0.1"}
+        with Client(scheduler, timeout=30) as client:  # DASK_NODE_ENV reached both workers
+            assert list(client.run(dask.config.get, "distributed.worker.profile.enabled").values()) == [False] * 2
+            assert list(client.run(dask.config.get, "distributed.admin.tick.interval").values()) == ["1s"] * 2
     finally:
         cluster.stop()
+
+
+def test_compose_starts_dask_with_the_environment_local_nodes_get():
+    import yaml
+
+    from strategies.nodes import DASK_NODE_ENV
+
+    environment = yaml.safe_load((REPO / "compose.yaml").read_text())["x-node"]["environment"]
+    assert {key: environment.get(key) for key in DASK_NODE_ENV} == DASK_NODE_ENV
