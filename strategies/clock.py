@@ -17,6 +17,16 @@ def now(device: torch.device | None = None) -> float:
     return time.perf_counter()
 
 
+def cpu_wait() -> float:
+    """Seconds this thread has spent runnable but waiting for a CPU that something else held
+    (Linux's schedstat); 0.0 where the kernel does not say (macOS)."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 class Stopwatch:
     """`with watch(device): ...` adds the synchronized duration to `watch.elapsed` and `watch.last`."""
 

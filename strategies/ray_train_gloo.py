@@ -183,8 +183,7 @@ def train_loop(config: dict) -> None:
             staged_allreduce(flat, staging, share)
             reduced = now(device)
             # (3) the same optimizer step on every rank (an emulated slow device is slow here too)
-            optimizer.step()
-            replica.emulate(now(device) - reduced)
+            replica.work(optimizer.step)
             updated = now(device)
             # a rank's own work is its compute, as on one device: forward, backward and its update
             own_s = compute_s + (updated - reduced)

@@ -10,7 +10,7 @@ import torch
 
 from .base import step_indices, worker_slice
 from .checkpoints import load_train_state, train_state
-from .clock import now
+from .clock import cpu_wait, now
 from .data import cached_mnist
 from .devices import configure_threads, keep_freed_memory, resolve_device
 from .gradients import FlatModel, count_parameters, from_buffer, weighted_sum
@@ -89,9 +89,7 @@ class Replica:
                 if step == warmup:
                     start = now(self.device)
                 self.local_step(step)
-                updating = now(self.device)
-                optimizer.step()
-                self.emulate(now(self.device) - updating)
+                self.work(optimizer.step)
             return self.cfg["batch_size"] * steps / (now(self.device) - start)
         finally:
             self.batches, self.rank = batches, rank
@@ -101,16 +99,24 @@ class Replica:
         index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),
                              self.batches, self.rank)
         index = torch.from_numpy(index).to(self.device)
-        start = now(self.device)
-        self.flat.zero_grad()
-        forward_backward(self.flat.model, self.images[index], self.labels[index])
-        return self.emulate(now(self.device) - start)
+        return self.work(lambda: (self.flat.zero_grad(),
+                                  forward_backward(self.flat.model, self.images[index], self.labels[index])))
 
-    def emulate(self, seconds: float) -> float:
-        """An emulated slower device: work that took `seconds` takes `slowdown` times as long (we wait)."""
-        if self.spec["slowdown"] > 1.0:
-            time.sleep((self.spec["slowdown"] - 1.0) * seconds)
-        return seconds * self.spec["slowdown"]
+    def work(self, device_work) -> float:
+        """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated.
+
+        An emulated slower device takes `slowdown` times as long for the same work: we wait
+        (slowdown - 1) x the work's own time. That excludes the time this thread waited for a CPU
+        held by another process: on one box the emulated machines share cores, and multiplying those
+        waits would slow the worker for the box's crowding, not for its device.
+        """
+        start, waited = now(self.device), cpu_wait()
+        device_work()
+        seconds = now(self.device) - start
+        delay = (self.spec["slowdown"] - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
+        if delay > 0:
+            time.sleep(delay)
+        return seconds + delay
 
 
 class ParameterServer:

@@ -1,0 +1,60 @@
+"""An emulated slower device (`slowdown`): slowed for its own work, not for the box's crowding."""
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from strategies import roles
+from strategies.clock import cpu_wait
+
+
+def replica_slowed(factor: float) -> roles.Replica:
+    replica = roles.Replica()
+    replica.spec, replica.device = {"slowdown": factor}, torch.device("cpu")
+    return replica
+
+
+def test_an_emulated_worker_waits_slowdown_minus_one_times_its_work():
+    started = time.perf_counter()
+    seconds = replica_slowed(3.0).work(lambda: time.sleep(0.1))
+    assert seconds == pytest.approx(0.3, abs=0.05)
+    assert time.perf_counter() - started == pytest.approx(seconds, abs=0.01)  # it really waited
+
+
+def test_time_spent_waiting_for_a_cpu_is_not_multiplied(monkeypatch):
+    waits = iter([0.0, 0.04])  # the thread waited 40 ms of the work's 100 for a CPU held elsewhere
+    monkeypatch.setattr(roles, "cpu_wait", lambda: next(waits))
+    seconds = replica_slowed(3.0).work(lambda: time.sleep(0.1))
+    assert seconds == pytest.approx(0.1 + 2 * 0.06, abs=0.05)
+
+
+def test_a_worker_not_slowed_takes_its_own_time():
+    assert replica_slowed(1.0).work(lambda: time.sleep(0.05)) == pytest.approx(0.05, abs=0.02)
+
+
+def spin(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="schedstat is Linux's")
+def test_cpu_wait_counts_time_runnable_behind_other_processes():
+    original = os.sched_getaffinity(0)
+    cpu = min(original)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        os.sched_setaffinity(0, {cpu})  # this thread and both hogs on one CPU: one of us always waits
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, {cpu})
+        before = cpu_wait()
+        spin(0.5)
+        assert cpu_wait() - before > 0.1
+    finally:
+        os.sched_setaffinity(0, original)
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
