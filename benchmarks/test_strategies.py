@@ -60,13 +60,13 @@ def scenario_config(m: dict, link: str | None, n: int) -> dict:
 @pytest.fixture(scope="session")
 def standalone():
     """Each worker's samples/s alone, measured once per cluster (auto's speeds)."""
-    from strategies.standalone import measure_standalone
+    from strategies.standalone import measure_standalone, speeds
 
     cache: dict = {}
 
     def get(cfg: dict, key: tuple) -> dict:
         if key not in cache:
-            cache[key] = measure_standalone(cfg)
+            cache[key] = speeds(measure_standalone(cfg))
         return cache[key]
     return get
 

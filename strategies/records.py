@@ -101,6 +101,9 @@ class RecordFile:
 
     def add(self, record: dict) -> None:
         self.records.append(record)
+        self.save()
+
+    def save(self) -> None:
         atomic_write(self.path, json.dumps(self.records, indent=2, default=str) + "\n")
 
 

@@ -119,11 +119,24 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
     try:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         pictures = "".join(f"\n![{p.stem}]({p.name})\n" for p in write_plots(records, results_dir, name))
-        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{LEGEND}\n{pictures}")
+        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{LEGEND}\n{pictures}")
         atomic_write(csv_path, to_csv(records))
     except OSError as e:
         raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
     return md_path, csv_path
+
+
+def alone(records: list[dict]) -> str:
+    """The scaling reference's own figures: each worker's timings alone, at the start and the end of the run."""
+    timings = next((r["standalone_timings"] for r in records if r.get("standalone_timings")), None)
+    if not timings:
+        return ""
+    return ("alone, samples/s (each timing; start of the run -> end): "
+            + "; ".join(f"{name} {_each(t['start'])} -> {_each(t['end'])}" for name, t in timings.items()) + "\n\n")
+
+
+def _each(rates: list[float]) -> str:
+    return "/".join(f"{rate:.0f}" for rate in rates)
 
 
 LEGEND = """\
@@ -136,7 +149,8 @@ balance: how the global batch was split (equal; proportional to configured speed
 speeds measured alone, then once more by those of the warm-up steps, where the workers share the
 machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
 the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
-trains alone on the whole batch in the same run. "(slowed Nx)" marks an emulated slow worker.
+trains alone on the whole batch in the same run (the median of its timings at the start and at the end of
+the run; auto's first split uses those at the start). "(slowed Nx)" marks an emulated slow worker.
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
 same run, over the same link), k = 1 for an all-reduce (ray-train-gloo), 2 for a parameter server
 (gradient up, then weights down: ray-ps, dask-sync): what the link allows a synchronous strategy;

@@ -24,7 +24,7 @@ from .processes import peak_rss_mb
 from .records import RecordFile, environment, redacted
 from .registry import BASELINE
 from .report import markdown, write_tables
-from .standalone import measure_standalone
+from .standalone import measure_standalone, speeds
 from .workload import Net, accuracy
 
 log = logging.getLogger(__name__)
@@ -234,6 +234,20 @@ def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: di
     return {"standalone_sum_samples_per_s": alone, "scaling_efficiency": samples_per_s / alone}
 
 
+def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
+    """Scaling efficiency against each worker timed alone at the start and at the end of the run (the
+    median of both): the rows ran in between, so the machine's drift moves their reference with them."""
+    reference = speeds(at_start, at_end)
+    timings = {name: {"start": at_start[name], "end": at_end[name]} for name in at_start}
+    print("alone, samples/s at the start -> the end of the run: " + ", ".join(
+        f"{name} {median(t['start']):.0f} -> {median(t['end']):.0f}" for name, t in timings.items()), file=sys.stderr)
+    for record in out.records:
+        if "scaling_efficiency" in record:
+            record.update(scaling(record["strategy"], record["workers"], record["samples_per_s"], reference),
+                          standalone_timings=timings)
+    out.save()
+
+
 def scenarios(cfg: dict) -> list[tuple[str, str | None]]:
     """(strategy, balance) in run order: each distributed strategy once per balance, the baseline once."""
     return [(name, None) if name == BASELINE else (name, balance)
@@ -273,8 +287,10 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
             if cluster_startup_s is not None:
                 print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
             cluster_cfg = wait_for_workers(cluster_cfg)
+            at_start = None  # each worker's timings alone at the start (a resumed run has only their medians)
             if standalone is None and wants_standalone(cluster_cfg):
-                standalone = measure_standalone(cluster_cfg)
+                at_start = measure_standalone(cluster_cfg)
+                standalone = speeds(at_start)
                 if checkpoints:  # a resumed run splits as this one did
                     checkpoints.save_run(cfg, standalone)
             for name, balance in scenarios(cluster_cfg):
@@ -296,6 +312,8 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     checkpoints.remove(scenario_key(name, scenario_cfg))
                 if record["status"] == "skipped":
                     print(f"skipped {label}: {record['reason']}", file=sys.stderr)
+            if at_start:
+                rescale(out, at_start, measure_standalone(cluster_cfg))
             if cfg["floor"]["enabled"] and not recorded(out.records, FLOOR_NAME, cfg):
                 out.add(run_floor(cluster_cfg, env, link))
     finally:

@@ -3,18 +3,20 @@ reference of scaling efficiency (measured throughput / the sum of the workers' s
 
 Every worker trains alone, one after the other (twice, A B .. B A), on the whole global batch, on
 its own node and device, with the threads it gets in the run (on one box the emulated machines
-share the cores).
+share the cores). `hetbench run` times them at its start (auto's split) and again at its end: a
+shared machine drifts over a run, and the reference should drift with the rows it judges.
 """
 from __future__ import annotations
 
 from .base import workers_per_host
+from .clock import median
 from .ray_cluster import RayConnection, placement
 
 WARMUP_STEPS = 3
 
 
-def measure_standalone(cfg: dict) -> dict[str, float]:
-    """Worker name -> samples/s training alone."""
+def measure_standalone(cfg: dict) -> dict[str, list[float]]:
+    """Worker name -> its samples/s training alone, one figure per timing (two each)."""
     import ray
 
     from .ray_ps import RemoteWorker, results
@@ -35,6 +37,11 @@ def measure_standalone(cfg: dict) -> dict[str, float]:
                                            f"timing {spec['name']} alone", "standalone", actors, workers)
         for actor in actors:
             ray.kill(actor)
-        return {name: sum(rates) / len(rates) for name, rates in timed.items()}
+        return timed
     finally:
         cluster.close()
+
+
+def speeds(*timings: dict[str, list[float]]) -> dict[str, float]:
+    """Worker name -> samples/s alone: the median of all its timings."""
+    return {name: median([rate for timed in timings for rate in timed[name]]) for name in timings[0]}

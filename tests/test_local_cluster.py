@@ -3,6 +3,7 @@ speed-proportional batches, link emulation, and nothing left running afterwards.
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -72,7 +73,13 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert sum(auto["split"]) == 96 and auto["split"][0] > auto["split"][1]
     assert by_scenario[("ray-ps", "equal")]["split"] == [48, 48]
     assert 0 < auto["scaling_efficiency"] == pytest.approx(auto["samples_per_s"] / sum(standalone.values()))
+    # the reference brackets the rows: each worker timed alone twice at the start and twice at the end
+    timings = auto["standalone_timings"]
+    assert {name: [len(t["start"]), len(t["end"])] for name, t in timings.items()} == {"desk": [2, 2], "mac": [2, 2]}
+    assert standalone["mac"] == pytest.approx(statistics.median(timings["mac"]["start"] + timings["mac"]["end"]))
+    assert by_scenario[("dask-sync", "equal")]["standalone_timings"] == timings
     md = (tmp_path / "quick.md").read_text()
+    assert "alone, samples/s (each timing; start of the run -> end): desk " in md
     assert "| ray-ps" in md and "auto" in md and "(slowed 3x)" in md and "![quick-throughput]" in md
     for plot in ("throughput", "step", "accuracy"):
         assert (tmp_path / f"quick-{plot}.png").read_bytes()[:4] == b"\x89PNG"
