@@ -23,7 +23,7 @@ from .local_cluster import cluster_for_run
 from .processes import peak_rss_mb
 from .records import RecordFile, environment, redacted
 from .registry import BASELINE
-from .report import markdown, write_tables
+from .report import alone, markdown, write_tables
 from .standalone import measure_standalone, speeds
 from .workload import Net, accuracy
 
@@ -239,13 +239,13 @@ def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
     median of both): the rows ran in between, so the machine's drift moves their reference with them."""
     reference = speeds(at_start, at_end)
     timings = {name: {"start": at_start[name], "end": at_end[name]} for name in at_start}
-    print("alone, samples/s at the start -> the end of the run: " + ", ".join(
-        f"{name} {median(t['start']):.0f} -> {median(t['end']):.0f}" for name, t in timings.items()), file=sys.stderr)
     for record in out.records:
         if "scaling_efficiency" in record:
             record.update(scaling(record["strategy"], record["workers"], record["samples_per_s"], reference),
                           standalone_timings=timings)
     out.save()
+    if line := alone(out.records).strip():
+        print(line, file=sys.stderr)
 
 
 def scenarios(cfg: dict) -> list[tuple[str, str | None]]:

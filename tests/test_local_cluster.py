@@ -80,6 +80,7 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert by_scenario[("dask-sync", "equal")]["standalone_timings"] == timings
     md = (tmp_path / "quick.md").read_text()
     assert "alone, samples/s (each timing; start of the run -> end): desk " in md
+    assert "alone, samples/s (each timing; start of the run -> end): desk " in result.stderr  # the same line
     assert "| ray-ps" in md and "auto" in md and "(slowed 3x)" in md and "![quick-throughput]" in md
     for plot in ("throughput", "step", "accuracy"):
         assert (tmp_path / f"quick-{plot}.png").read_bytes()[:4] == b"\x89PNG"
