@@ -10,6 +10,7 @@ processes and stopped by PID, never by name.
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import os
 import secrets
@@ -39,6 +40,14 @@ def placement_labels(cfg: dict) -> list[str]:
     return list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
 
 
+@functools.cache
+def process_token() -> str:
+    """One fresh Ray token for every cluster this process starts: Ray keeps the token a process
+    first joined with for the process's life, so a second cluster with a token of its own (the
+    benchmark suite's next link or worker count) refused the driver."""
+    return secrets.token_hex(32)
+
+
 class LocalMultinode:
     """Start with `start()`, stop with `stop()` (idempotent, on every exit path)."""
 
@@ -50,9 +59,9 @@ class LocalMultinode:
         self.cut: set[str] = set()                                # labels whose link a fault cut
         self.links: dict[str, Link] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
-        # Token auth on, with a fresh token for this cluster only; the driver joins with it too.
+        # Token auth on, with this process's own token; the driver joins with it too.
         self.env = {**os.environ, **RAY_ENV, **DASK_NODE_ENV, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
-                    "RAY_AUTH_TOKEN": secrets.token_hex(32), "PYTHONUNBUFFERED": "1"}
+                    "RAY_AUTH_TOKEN": process_token(), "PYTHONUNBUFFERED": "1"}
         self.env.pop("RAY_ADDRESS", None)
         # A node cut off (a fault, a lost link) is declared dead within about 10 s, not Ray's ~30-60 s.
         for key, value in HEALTH_CHECKS.items():
