@@ -93,19 +93,22 @@ class DaskSync(Strategy, HandsOff):
         self.host = self.server.shared if in_shared_memory and HostBuffers.can_hand_off() else None
 
     def _place(self, workers: list[dict]) -> list[str]:
-        """A Dask worker address per configured worker: by resource label, else in order."""
+        """A Dask worker address per configured worker, each its own: the first free one carrying the
+        worker's label (joined clusters), else the first free one. Two replicas on one single-threaded
+        Dask worker would take turns, and waiting in shared memory, wait on each other for good."""
         available = dask_workers(self.client)
-        labelled = {label: addr for addr, w in available.items() for label in w.get("resources", {})}
-        unlabelled = iter(sorted(available))
-        addresses = []
-        for w in workers:
-            if w["node"] and self.cfg["cluster"]["dask_scheduler"]:
-                if w["node"] not in labelled:
-                    raise UserError(f"no Dask worker advertises placement label '{w['node']}' "
-                                    f"(labels here: {', '.join(sorted(labelled)) or 'none'})")
-                addresses.append(labelled[w["node"]])
-            else:
-                addresses.append(next(unlabelled, None) or sorted(available)[0])
+        joined = bool(self.cfg["cluster"]["dask_scheduler"])
+        carrying = {label: [a for a in sorted(available) if label in available[a].get("resources", {})]
+                    for label in {w["node"] for w in workers if w["node"] and joined}}
+        free, addresses = sorted(available), [None] * len(workers)
+        # labelled workers first, so an unlabelled one never takes the Dask worker a label needs
+        for rank in sorted(range(len(workers)), key=lambda r: not (workers[r]["node"] and joined)):
+            label = workers[rank]["node"] if joined else None
+            candidates = [a for a in free if a in carrying[label]] if label else free
+            if not candidates:
+                raise UserError(_too_few_dask_workers(label, carrying, workers, len(available)))
+            addresses[rank] = candidates[0]
+            free.remove(candidates[0])
         return addresses
 
     def reset(self, seed: int) -> None:
@@ -290,3 +293,15 @@ def _worker_gone(e: Exception) -> bool:
     OSError while the connection breaks, then RuntimeError 'Worker holding Actor was lost';
     TimeoutError, an OSError too), not because of the task."""
     return isinstance(e, OSError) or "Worker holding Actor was lost" in str(e)
+
+
+def _too_few_dask_workers(label: str | None, carrying: dict[str, list[str]], workers: list[dict], n_available: int) -> str:
+    if label and not carrying[label]:
+        return (f"no Dask worker advertises placement label '{label}' "
+                f"(labels here: {', '.join(sorted(k for k, v in carrying.items() if v)) or 'none'})")
+    if label:
+        wanted = sum(w["node"] == label for w in workers)
+        return (f"{len(carrying[label])} Dask worker(s) advertise placement label '{label}' for {wanted} configured "
+                f"workers: start one single-threaded Dask worker per configured worker")
+    return (f"{n_available} Dask worker(s) for {len(workers)} configured workers: start one single-threaded Dask "
+            f"worker per configured worker")
