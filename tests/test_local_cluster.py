@@ -246,3 +246,47 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 
     environment = yaml.safe_load((REPO / "compose.yaml").read_text())["x-node"]["environment"]
     assert {key: environment.get(key) for key in DASK_NODE_ENV} == DASK_NODE_ENV
+
+
+TWO_CLUSTERS = """
+import sys
+from pathlib import Path
+from strategies.local_cluster import cluster_for_run
+from strategies.ray_cluster import RayConnection
+from tests.conftest import LABELLED, small_config
+
+for _ in range(2):  # a new cluster each time, as for each of the benchmark suite's links and worker counts
+    cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false")
+    with cluster_for_run(cfg) as (joined, *_):
+        connection = RayConnection(joined, {"desktop", "mac"})
+        try:
+            print(joined["cluster"]["ray_address"], sorted(k for k in connection.ray.cluster_resources()
+                                                           if k in ("desktop", "mac")))
+        finally:
+            connection.close()
+"""
+
+
+def test_one_process_joins_one_local_cluster_after_another(tmp_path):
+    """Ray keeps the token a process first joined with: every cluster a process starts shares it."""
+    result = subprocess.run([sys.executable, "-c", TWO_CLUSTERS, str(tmp_path)], capture_output=True, text=True,
+                            timeout=240, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.split("\n")[:2]
+    assert [line.split()[1:] for line in lines] == [["['desktop',", "'mac']"]] * 2
+    assert lines[0].split()[0] != lines[1].split()[0]  # two clusters, not one
+
+
+def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
+    """Two replicas on one single-threaded Dask worker waited on each other in shared memory for good."""
+    four = ["--set", "workers=[{name: d0, node: desktop}, {name: d1, node: desktop}, {name: m0, node: mac, slowdown: 3},"
+                     " {name: m1, node: mac, slowdown: 3}]"]
+    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, *four, "--set", "strategies=[dask-sync]",
+                      "--set", "balance=[equal]", "--set", "floor.enabled=false", "--results-dir", str(tmp_path),
+                      timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (record,) = records_of(tmp_path)
+    workers = record["workers"]
+    assert record["status"] == "ok" and len({w["dask_worker"] for w in workers}) == 4
+    assert [w["transport"] for w in workers] == ["shared memory"] * 2 + ["tcp"] * 2
+    assert processes_mentioning(*cluster_addresses([record])) == []
