@@ -73,22 +73,16 @@ def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, labelled_clust
                             "dask_worker")
     assert placed["m"] == mac and placed["d"] != mac
 
-    cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}", "workers=[{node: laptop}]")
-    strategy = dask_sync.DaskSync(cfg)
-    try:
-        with pytest.raises(UserError, match="no Dask worker advertises placement label 'laptop'"):
-            strategy.start()
-    finally:
-        strategy.close()
-
-    # one replica per Dask worker: a second `mac` worker has none to go to
-    cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}", "workers=[{node: mac}, {node: mac}]")
-    strategy = dask_sync.DaskSync(cfg)
-    try:
-        with pytest.raises(UserError, match="1 Dask worker.s. advertise placement label 'mac' for 2 configured workers"):
-            strategy.start()
-    finally:
-        strategy.close()
+    for workers, message in [("[{node: laptop}]", "no Dask worker advertises placement label 'laptop'"),
+                             # one replica per Dask worker: a second `mac` worker has none to go to
+                             ("[{node: mac}, {node: mac}]",
+                              "1 Dask worker.s. advertise placement label 'mac' for 2 configured workers")]:
+        strategy = dask_sync.DaskSync(small_config(tmp_path, f"cluster.dask_scheduler={address}", f"workers={workers}"))
+        try:
+            with pytest.raises(UserError, match=message):
+                strategy.start()
+        finally:
+            strategy.close()
 
 
 def test_unreachable_scheduler_is_exit_2_within_bounded_time(tmp_path):
