@@ -106,7 +106,7 @@ class DaskSync(Strategy, HandsOff):
             label = workers[rank]["node"] if joined else None
             candidates = [a for a in free if a in carrying[label]] if label else free
             if not candidates:
-                raise UserError(_too_few_dask_workers(label, carrying, workers, len(available)))
+                raise UserError(_too_few_dask_workers(label, carrying, workers, available))
             addresses[rank] = candidates[0]
             free.remove(candidates[0])
         return addresses
@@ -295,13 +295,15 @@ def _worker_gone(e: Exception) -> bool:
     return isinstance(e, OSError) or "Worker holding Actor was lost" in str(e)
 
 
-def _too_few_dask_workers(label: str | None, carrying: dict[str, list[str]], workers: list[dict], n_available: int) -> str:
+def _too_few_dask_workers(label: str | None, carrying: dict[str, list[str]], workers: list[dict],
+                          available: dict[str, dict]) -> str:
     if label and not carrying[label]:
+        advertised = {r for w in available.values() for r in w.get("resources", {})}
         return (f"no Dask worker advertises placement label '{label}' "
-                f"(labels here: {', '.join(sorted(k for k, v in carrying.items() if v)) or 'none'})")
+                f"(labels here: {', '.join(sorted(advertised)) or 'none'})")
     if label:
         wanted = sum(w["node"] == label for w in workers)
         return (f"{len(carrying[label])} Dask worker(s) advertise placement label '{label}' for {wanted} configured "
                 f"workers: start one single-threaded Dask worker per configured worker")
-    return (f"{n_available} Dask worker(s) for {len(workers)} configured workers: start one single-threaded Dask "
+    return (f"{len(available)} Dask worker(s) for {len(workers)} configured workers: start one single-threaded Dask "
             f"worker per configured worker")

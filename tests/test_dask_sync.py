@@ -73,7 +73,8 @@ def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, labelled_clust
                             "dask_worker")
     assert placed["m"] == mac and placed["d"] != mac
 
-    for workers, message in [("[{node: laptop}]", "no Dask worker advertises placement label 'laptop'"),
+    for workers, message in [("[{node: laptop}]",
+                              r"no Dask worker advertises placement label 'laptop' \(labels here: desktop, mac\)"),
                              # one replica per Dask worker: a second `mac` worker has none to go to
                              ("[{node: mac}, {node: mac}]",
                               "1 Dask worker.s. advertise placement label 'mac' for 2 configured workers")]:
