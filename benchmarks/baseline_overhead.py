@@ -11,14 +11,14 @@ import argparse
 
 import torch
 
-from strategies.base import step_indices
-from strategies.clock import cv, median, now
-from strategies.config import load_config
-from strategies.data import cached_mnist
-from strategies.devices import resolve_device
-from strategies.records import environment
-from strategies.single import Single
-from strategies.workload import build_model, build_optimizer, loss_fn
+from hetbench.strategies.base import step_indices
+from hetbench.clock import cv, median, now
+from hetbench.config import load_config
+from hetbench.data import cached_mnist
+from hetbench.devices import resolve_device
+from hetbench.results.records import environment
+from hetbench.strategies.single import Single
+from hetbench.workload import build_model, build_optimizer, loss_fn
 
 
 def plain_loop(images, labels, batch, steps, device, cfg):

@@ -31,7 +31,7 @@ def pytest_configure(config):
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):
-    from strategies.records import environment
+    from hetbench.results.records import environment
 
     machine_info["hetbench"] = environment()
 
@@ -40,7 +40,7 @@ def pytest_benchmark_update_machine_info(config, machine_info):
 def clusters():
     """The local-multinode cluster for (link, worker count): one at a time (tests are ordered by
     that key), the previous one stopped when the key changes, the last at the session's end."""
-    from strategies.local_cluster import cluster_for_run
+    from hetbench.cluster.multinode import cluster_for_run
 
     current: dict = {}
     with contextlib.ExitStack() as stack:

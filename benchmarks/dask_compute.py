@@ -16,9 +16,9 @@ import torch
 
 def compute_ms(batch: int, steps: int, fixed: bool) -> float:
     """Median forward+backward of the hetbench CNN on `batch` samples, one torch thread."""
-    from strategies.clock import median, now
-    from strategies.devices import keep_freed_memory
-    from strategies.workload import build_model, forward_backward
+    from hetbench.clock import median, now
+    from hetbench.devices import keep_freed_memory
+    from hetbench.workload import build_model, forward_backward
 
     torch.set_num_threads(1)
     if fixed:
@@ -37,8 +37,8 @@ def compute_ms(batch: int, steps: int, fixed: bool) -> float:
 def main() -> None:
     from distributed import Client, LocalCluster
 
-    from strategies.clock import cv, median
-    from strategies.nodes import dask_workers
+    from hetbench.clock import cv, median
+    from hetbench.cluster.nodes import dask_workers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--batch", type=int, default=40, help="samples per forward+backward")

@@ -19,16 +19,16 @@ import time
 
 import torch
 
-from strategies.base import step_indices, worker_slice
-from strategies.clock import cv, median
-from strategies.config import load_config
-from strategies.data import cached_mnist
-from strategies.devices import keep_freed_memory
-from strategies.floor import measure_floor
-from strategies.gradients import FlatModel, batch_shares, count_parameters, weighted_sum
-from strategies.host_memory import HostBuffers
-from strategies.records import environment
-from strategies.workload import build_model, build_optimizer, forward_backward
+from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.clock import cv, median
+from hetbench.config import load_config
+from hetbench.data import cached_mnist
+from hetbench.devices import keep_freed_memory
+from hetbench.floor import measure_floor
+from hetbench.gradients import FlatModel, batch_shares, count_parameters, weighted_sum
+from hetbench.transport.host_memory import HostBuffers
+from hetbench.results.records import environment
+from hetbench.workload import build_model, build_optimizer, forward_backward
 
 TIMINGS = 16  # bytes per worker: start and end of its last compute (float64 perf_counter, one clock here)
 

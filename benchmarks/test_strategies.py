@@ -12,13 +12,13 @@ import os
 
 import pytest
 
-from strategies.base import StepTiming
-from strategies.clock import median
-from strategies.config import balanced, load_config
-from strategies.floor import FLOOR_NAME, measure_floor
-from strategies.gradients import count_parameters
-from strategies.registry import BASELINE, load
-from strategies.workload import Net
+from hetbench.strategies.base import StepTiming
+from hetbench.clock import median
+from hetbench.config import balanced, load_config
+from hetbench.floor import FLOOR_NAME, measure_floor
+from hetbench.gradients import count_parameters
+from hetbench.strategies.registry import BASELINE, load
+from hetbench.workload import Net
 
 MODES = {  # what each --bench-mode covers; the full set is the issue's matrix
     "short": {"strategies": ["single", "ray-ps", "dask-sync"], "balance": ["equal", "auto"], "links": [None],
@@ -60,7 +60,7 @@ def scenario_config(m: dict, link: str | None, n: int) -> dict:
 @pytest.fixture(scope="session")
 def standalone():
     """Each worker's samples/s alone, measured once per cluster (auto's speeds)."""
-    from strategies.standalone import measure_standalone, speeds
+    from hetbench.standalone import measure_standalone, speeds
 
     cache: dict = {}
 

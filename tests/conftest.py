@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies.config import load_config
+from hetbench.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 # The real MNIST test set: where HETBENCH_DATA_DIR points, else beside the checkout (CI's layout).
@@ -79,8 +79,8 @@ def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: 
     records the run kept."""
     import json
 
-    from strategies.errors import RunFailed
-    from strategies.runner import run
+    from hetbench.errors import RunFailed
+    from hetbench.runner import run
 
     step = strategy_cls.step
 

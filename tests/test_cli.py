@@ -14,7 +14,7 @@ TINY = ["--set", "steps=2", "--set", "warmup_steps=0", "--set", "repeats=1", "--
 
 def hetbench(*args, env=None, timeout=120):
     env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "strategies", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hetbench", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=env)
 
 
@@ -160,8 +160,8 @@ def test_worker_refuses_a_head_nothing_answers_at():
 
 
 def test_worker_refuses_version_mismatch_in_one_sentence():
-    from strategies.errors import UserError
-    from strategies.worker import check_versions, versions
+    from hetbench.errors import UserError
+    from hetbench.cluster.worker import check_versions, versions
 
     mine = versions()
     check_versions(mine, dict(mine))  # equal: nothing to say

@@ -1,7 +1,7 @@
 import pytest
 
-from strategies.config import DEFAULTS, balanced, load_config, split_batch
-from strategies.errors import UserError
+from hetbench.config import DEFAULTS, balanced, load_config, split_batch
+from hetbench.errors import UserError
 
 
 def write(tmp_path, text):

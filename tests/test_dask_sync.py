@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from strategies import dask_sync
-from strategies.errors import UserError
-from strategies.runner import run
+from hetbench.strategies import dask_sync
+from hetbench.errors import UserError
+from hetbench.runner import run
 from tests.conftest import LABELLED, placed_workers, run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
 from tests.test_equivalence import UNEQUAL
@@ -106,7 +106,7 @@ def test_live_workers_are_asked_of_the_scheduler_not_the_clients_cache():
 
     from distributed import Client, LocalCluster
 
-    from strategies.nodes import dask_workers
+    from hetbench.cluster.nodes import dask_workers
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                       dashboard_address=None, silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:

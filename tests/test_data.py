@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies import data
-from strategies.errors import UserError
+from hetbench import data
+from hetbench.errors import UserError
 from tests.conftest import SHARED_MNIST, fake_split, small_config, write_idx
 
 

@@ -7,8 +7,8 @@ import time
 import pytest
 import torch
 
-from strategies import roles
-from strategies.clock import cpu_wait
+from hetbench.strategies import roles
+from hetbench.clock import cpu_wait
 
 
 def replica_slowed(factor: float) -> roles.Replica:

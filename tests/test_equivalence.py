@@ -4,10 +4,10 @@ import pytest
 import ray
 import torch
 
-from strategies.dask_sync import DaskSync
-from strategies.ray_ps import RayParameterServer
-from strategies.ray_train_gloo import RayTrainGloo
-from strategies.single import Single
+from hetbench.strategies.dask_sync import DaskSync
+from hetbench.strategies.ray_ps import RayParameterServer
+from hetbench.strategies.ray_train_gloo import RayTrainGloo
+from hetbench.strategies.single import Single
 from tests.conftest import small_config
 
 UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"

@@ -7,10 +7,10 @@ import time
 import pytest
 import torch
 
-from strategies.dask_sync import DaskSync
-from strategies.errors import UserError
-from strategies.ray_ps import RayParameterServer
-from strategies.runner import faults_for, run
+from hetbench.strategies.dask_sync import DaskSync
+from hetbench.errors import UserError
+from hetbench.strategies.ray_ps import RayParameterServer
+from hetbench.runner import faults_for, run
 from tests.conftest import small_config
 
 TWO = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
@@ -63,8 +63,8 @@ def test_ray_train_restarts_its_group_from_the_last_state_and_records_it(tmp_pat
 
 
 def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
-    from strategies.base import Strategy
-    from strategies.single import Single
+    from hetbench.strategies.base import Strategy
+    from hetbench.strategies.single import Single
 
     class Fragile(Strategy):  # only the class attributes matter here
         name = "fragile"

@@ -5,9 +5,9 @@
 import pytest
 import torch
 
-from strategies.base import step_indices, worker_slice
-from strategies.gradients import FlatModel, batch_shares, combine_gradients
-from strategies.workload import build_model, build_optimizer, forward_backward
+from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.gradients import FlatModel, batch_shares, combine_gradients
+from hetbench.workload import build_model, build_optimizer, forward_backward
 
 BATCHES = [40, 24]
 

@@ -5,8 +5,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from strategies import host_memory
-from strategies.host_memory import HostBuffers
+from hetbench.transport import host_memory
+from hetbench.transport.host_memory import HostBuffers
 
 
 def test_a_second_mapping_sees_what_the_first_writes_even_after_the_name_is_gone():

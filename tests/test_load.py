@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from strategies.runner import run
+from hetbench.runner import run
 from tests.conftest import small_config
 
 EIGHT = "workers=[" + ", ".join(["{}"] * 7 + ["{slowdown: 2.0}"]) + "]"
@@ -31,11 +31,11 @@ def test_peak_memory_is_the_process_own_not_its_parents():
     import subprocess
     import sys
 
-    from strategies.processes import peak_rss_mb
+    from hetbench.cluster.processes import peak_rss_mb
 
     held = bytearray(300 * 2**20)
     held[::4096] = b"x" * len(held[::4096])  # touch every page: resident
-    child = subprocess.run([sys.executable, "-c", "from strategies.processes import peak_rss_mb; print(peak_rss_mb())"],
+    child = subprocess.run([sys.executable, "-c", "from hetbench.cluster.processes import peak_rss_mb; print(peak_rss_mb())"],
                            capture_output=True, text=True, timeout=60, check=True)
     assert peak_rss_mb() >= 300
     assert float(child.stdout) < 200, child.stdout

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from strategies.errors import UserError
+from hetbench.errors import UserError
 from tests.conftest import REPO
 from tests.test_cli import assert_one_line_error, hetbench
 
@@ -88,7 +88,7 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
 
 
 def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "strategies", "run", "-c", "benchmarks/configs/quick.yaml",
+    proc = subprocess.Popen([sys.executable, "-m", "hetbench", "run", "-c", "benchmarks/configs/quick.yaml",
                              *UNEQUAL, "--set", "strategies=[single, dask-sync]", "--set", "steps=400",
                              "--set", "standalone_steps=0", "--results-dir", str(tmp_path)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -120,7 +120,7 @@ def test_local_multinode_needs_placement_labels(tmp_path):
 
 
 def test_link_emulation_without_root_is_one_clear_sentence(monkeypatch):
-    from strategies import netns
+    from hetbench.cluster import netns
 
     monkeypatch.setattr(netns.os, "geteuid", lambda: 1000)
     with pytest.raises(UserError, match="link emulation .* needs root"):
@@ -138,8 +138,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs 
 
 @needs_root
 def test_an_emulated_link_caps_the_rate_and_is_removed():
-    from strategies.floor import measure_floor
-    from strategies.netns import Link
+    from hetbench.floor import measure_floor
+    from hetbench.cluster.netns import Link
 
     link = Link(7, "20mbit", "t")
     try:
@@ -223,8 +223,8 @@ def test_the_dask_of_a_local_cluster_listens_on_loopback_only_and_idles_quietly(
     import dask
     from distributed import Client
 
-    from strategies.config import load_config
-    from strategies.local_cluster import LocalMultinode
+    from hetbench.config import load_config
+    from hetbench.cluster.multinode import LocalMultinode
 
     cfg = load_config(None, ["workers=[{name: desk, node: desktop}, {name: mac, node: mac}]",
                              "cluster.mode=local-multinode", "download=false"])
@@ -242,7 +242,7 @@ def test_the_dask_of_a_local_cluster_listens_on_loopback_only_and_idles_quietly(
 def test_compose_starts_dask_with_the_environment_local_nodes_get():
     import yaml
 
-    from strategies.nodes import DASK_NODE_ENV
+    from hetbench.cluster.nodes import DASK_NODE_ENV
 
     environment = yaml.safe_load((REPO / "compose.yaml").read_text())["x-node"]["environment"]
     assert {key: environment.get(key) for key in DASK_NODE_ENV} == DASK_NODE_ENV
@@ -251,8 +251,8 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 TWO_CLUSTERS = """
 import sys
 from pathlib import Path
-from strategies.local_cluster import cluster_for_run
-from strategies.ray_cluster import RayConnection
+from hetbench.cluster.multinode import cluster_for_run
+from hetbench.cluster.ray_connection import RayConnection
 from tests.conftest import LABELLED, small_config
 
 for _ in range(2):  # a new cluster each time, as for each of the benchmark suite's links and worker counts

@@ -7,12 +7,12 @@ import pytest
 import ray
 import torch
 
-from strategies import ray_ps
-from strategies.errors import UserError
-from strategies.runner import run
+from hetbench.strategies import ray_ps
+from hetbench.errors import UserError
+from hetbench.runner import run
 from tests.conftest import LABELLED, placed_workers, run_killing_a_worker, small_config
 from tests.test_cli import assert_one_line_error, hetbench
-from strategies.single import Single
+from hetbench.strategies.single import Single
 from tests.test_equivalence import UNEQUAL, first_update
 
 
@@ -70,7 +70,7 @@ def test_a_label_no_node_has_fails_fast(tmp_path, two_nodes):
 
 
 def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tmp_path, two_nodes, capsys):
-    from strategies.joined import wait_for_workers
+    from hetbench.cluster.joined import wait_for_workers
 
     cluster, _ = two_nodes
     cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}", "cluster.wait_for_workers_s=3",

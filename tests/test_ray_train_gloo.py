@@ -7,11 +7,11 @@ from datetime import timedelta
 import ray
 import torch
 
-from strategies.floor import free_port
-from strategies.gradients import FlatModel
-from strategies.ray_train_gloo import RayTrainGloo, assign_ranks, staged_allreduce
-from strategies.runner import run
-from strategies.workload import build_model
+from hetbench.floor import free_port
+from hetbench.gradients import FlatModel
+from hetbench.strategies.ray_train_gloo import RayTrainGloo, assign_ranks, staged_allreduce
+from hetbench.runner import run
+from hetbench.workload import build_model
 from tests.conftest import small_config
 from tests.test_equivalence import UNEQUAL
 

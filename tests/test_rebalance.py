@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from strategies.base import StepTiming, Strategy, resplit_due, resplit_event
-from strategies.runner import run
+from hetbench.strategies.base import StepTiming, Strategy, resplit_due, resplit_event
+from hetbench.runner import run
 from tests.conftest import small_config
 
 

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from strategies.records import RecordFile, read_records, redacted
-from strategies.report import COLUMNS, markdown, rows, to_csv, write_tables
+from hetbench.results.records import RecordFile, read_records, redacted
+from hetbench.results.report import COLUMNS, markdown, rows, to_csv, write_tables
 
 
 def record(strategy, samples_per_s=None, **extra):

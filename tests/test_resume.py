@@ -8,8 +8,8 @@ import time
 import pytest
 import torch
 
-from strategies.dask_sync import DaskSync
-from strategies.single import Single
+from hetbench.strategies.dask_sync import DaskSync
+from hetbench.strategies.single import Single
 from tests.conftest import REPO, small_config
 from tests.test_cli import assert_one_line_error, hetbench
 from tests.test_equivalence import UNEQUAL
@@ -21,7 +21,7 @@ RUN = ["--set", "strategies=[single, ray-ps]", "--set", "workers=[{name: big, ba
 
 
 def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_trajectory(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "strategies", "run", "-c", "benchmarks/configs/quick.yaml",
+    proc = subprocess.Popen([sys.executable, "-m", "hetbench", "run", "-c", "benchmarks/configs/quick.yaml",
                              *RUN, "--results-dir", str(tmp_path)],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

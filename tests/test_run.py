@@ -1,8 +1,8 @@
 """Whole runs: the baseline learns real MNIST, records and tables land, the floor is measured."""
 import json
 
-from strategies import registry
-from strategies.runner import run
+from hetbench.strategies import registry
+from hetbench.runner import run
 from tests.conftest import small_config
 from tests.test_cli import hetbench
 
@@ -36,7 +36,7 @@ def test_repeats_give_median_and_spread(tmp_path):
 
 
 def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(registry.STRATEGIES, "ray-ps", "strategies.not_written_yet:Nothing")
+    monkeypatch.setitem(registry.STRATEGIES, "ray-ps", "hetbench.strategies.not_written_yet:Nothing")
     cfg = small_config(tmp_path, "strategies=[ray-ps, single]", "steps=2", "repeats=1", "floor.enabled=false")
     records = json.loads(run(cfg).path.read_text())
     assert [r["status"] for r in records] == ["skipped", "ok"]

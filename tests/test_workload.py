@@ -1,7 +1,7 @@
 import torch
 
-from strategies.gradients import count_parameters
-from strategies.workload import Net, build_model
+from hetbench.gradients import count_parameters
+from hetbench.workload import Net, build_model
 
 
 def test_cnn_has_the_example_parameter_count():

@@ -13,13 +13,13 @@ from __future__ import annotations
 import ray
 import torch
 
-from .base import StepTiming, Strategy, workers_per_host
-from .clock import now
-from .errors import RunFailed, UserError, WorkersLost
-from .gradients import batch_shares
-from .host_memory import HandsOff, HostBuffers
-from .ray_cluster import RayConnection, on_driver_node, placement
-from .roles import ParameterServer, Replica
+from hetbench.strategies.base import StepTiming, Strategy, workers_per_host
+from hetbench.clock import now
+from hetbench.errors import RunFailed, UserError, WorkersLost
+from hetbench.gradients import batch_shares
+from hetbench.transport.host_memory import HandsOff, HostBuffers
+from hetbench.cluster.ray_connection import RayConnection, on_driver_node, placement
+from hetbench.strategies.roles import ParameterServer, Replica
 
 # Across nodes both flat buffers travel as [ObjectRef], put by the process that made them: returned by value,
 # each hop also waited for the driver (a return's owner) to learn the object was stored. Measured

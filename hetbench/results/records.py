@@ -12,8 +12,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from .devices import available_devices, describe, resolve_device
-from .errors import UserError
+from hetbench.devices import available_devices, describe, resolve_device
+from hetbench.errors import UserError
 
 SECRET_KEYS = ("token", "password", "secret")
 

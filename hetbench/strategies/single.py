@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import torch
 
-from .base import StepTiming, Strategy, step_indices
-from .checkpoints import load_train_state, train_state
-from .clock import now
-from .data import cached_mnist
-from .devices import configure_threads, keep_freed_memory, resolve_device
-from .gradients import FlatModel
-from .workload import build_model, build_optimizer, forward_backward
+from hetbench.strategies.base import StepTiming, Strategy, step_indices
+from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.clock import now
+from hetbench.data import cached_mnist
+from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
+from hetbench.gradients import FlatModel
+from hetbench.workload import build_model, build_optimizer, forward_backward
 
 
 class Single(Strategy):

@@ -9,8 +9,8 @@ import tempfile
 import threading
 import time
 
-from .addresses import check_reachable
-from .errors import UserError
+from hetbench.cluster.addresses import check_reachable
+from hetbench.errors import UserError
 
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",         # no usage-stats prompt or network call

@@ -21,13 +21,13 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from .addresses import check_reachable
-from .errors import UserError
-from .floor import free_port
-from .netns import Link, check_can_emulate
-from .nodes import DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
-from .processes import kill_trees, stop_trees
-from .ray_cluster import RAY_ENV
+from hetbench.cluster.addresses import check_reachable
+from hetbench.errors import UserError
+from hetbench.floor import free_port
+from hetbench.cluster.netns import Link, check_can_emulate
+from hetbench.cluster.nodes import DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
+from hetbench.cluster.processes import kill_trees, stop_trees
+from hetbench.cluster.ray_connection import RAY_ENV
 
 log = logging.getLogger(__name__)
 HOST_IP = "127.0.0.1"

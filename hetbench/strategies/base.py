@@ -10,7 +10,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from .errors import RunFailed
+from hetbench.errors import RunFailed
 
 REBALANCE_MIN_SHIFT = 0.02  # re-split only when some worker's batch moves by this share of the global batch
 
@@ -101,7 +101,7 @@ class Strategy(ABC):
         The survivors' batches keep their ratios (so an auto/proportional split stays speed-proportional);
         the gradient rule weights by the new batches, so a step still equals one on the union batch.
         """
-        from .config import split_batch
+        from hetbench.config import split_batch
 
         lost = self.info.pop(rank)
         del self.batches[rank]
@@ -127,7 +127,7 @@ class Strategy(ABC):
 
     def _set_split(self, batches: list[int]) -> dict[str, int]:
         """The driver's side of a new split: batches, the rule's shares, the workers' info; the split by name."""
-        from .gradients import batch_shares
+        from hetbench.gradients import batch_shares
 
         self.batches, self.shares = batches, batch_shares(batches)
         for info, batch in zip(self.info, batches):
@@ -147,7 +147,7 @@ def speed_split(global_batch: int, batches: list[int], computes: list[list[float
     to keep the split. Repeated, this settles where every worker's compute takes as long, fixed
     per-step costs included, which a split by speeds measured alone cannot see. A worker with no
     compute in the window (async) gives no speed to go by; small shifts are noise."""
-    from .config import split_batch
+    from hetbench.config import split_batch
 
     if not all(computes):
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 import socket
 from urllib.parse import urlsplit
 
-from .errors import UserError
+from hetbench.errors import UserError
 
 
 def check_reachable(address: str, timeout_s: float) -> None:

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 import torch
 
-from .devices import synchronize
+from hetbench.devices import synchronize
 
 
 def now(device: torch.device | None = None) -> float:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from .errors import UserError
-from .floor import FLOOR_NAME as FLOOR
-from .plots import write_plots
-from .records import atomic_write
-from .registry import BASELINE
+from hetbench.errors import UserError
+from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.results.plots import write_plots
+from hetbench.results.records import atomic_write
+from hetbench.strategies.registry import BASELINE
 
 COLUMNS = ["strategy", "balance", "workers", "samples/s", "CV", "vs baseline", "scaling eff", "compute ms", "comm ms", "update ms", "wait ms",
            "sync overhead ms", "vs floor", "floor-predicted samples/s", "vs predicted", "test acc", "time to target s", "startup s", "status"]

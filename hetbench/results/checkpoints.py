@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .base import StepTiming
-from .errors import UserError
-from .records import atomic_write, atomic_write_bytes, redacted
+from hetbench.strategies.base import StepTiming
+from hetbench.errors import UserError
+from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
 
 
 def train_state(flat, optimizer) -> dict:

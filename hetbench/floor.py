@@ -4,7 +4,7 @@ Two processes, the same number of floats as the CNN; every strategy's sync overh
 against this figure, measured in the same run. With link emulation, rank 1 runs inside the
 emulated remote node's namespace, so the floor is what that link allows.
 
-Run as `python -m strategies.floor RANK MASTER_IP PORT NUMEL ITERATIONS TIMEOUT_S`: prints JSON.
+Run as `python -m hetbench.floor RANK MASTER_IP PORT NUMEL ITERATIONS TIMEOUT_S`: prints JSON.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
-from .clock import cv, median
+from hetbench.clock import cv, median
 
 FLOOR_NAME = "gloo-floor"
 WARMUP = 5  # all-reduces that warm the connection up, untimed
@@ -56,7 +56,7 @@ def measure_floor(numel: int, iterations: int, timeout_s: float, link=None) -> d
     args = [master, str(free_port(master)), str(numel), str(iterations), str(timeout_s)]
     prefixes = [[], link.prefix() if link else []]
     envs = [{**os.environ, **(link.gloo_env(inside=rank == 1) if link else {})} for rank in range(2)]
-    procs = [subprocess.Popen([*prefix, sys.executable, "-m", "strategies.floor", str(rank), *args],
+    procs = [subprocess.Popen([*prefix, sys.executable, "-m", "hetbench.floor", str(rank), *args],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
              for rank, (prefix, env) in enumerate(zip(prefixes, envs))]
     try:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import yaml
 
-from .data import MIRRORS
-from .errors import UserError
+from hetbench.data import MIRRORS
+from hetbench.errors import UserError
 
 DEFAULTS: dict = {
     "name": None,                  # run name; defaults to the config file's stem

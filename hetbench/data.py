@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import UserError
+from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ import signal
 import sys
 import traceback
 
-from .errors import RunFailed, UserError
+from hetbench.errors import RunFailed, UserError
 
 EXIT_BAD_INPUT = 2
 
 
 def cmd_run(args) -> int:
-    from .config import load_config
-    from .runner import resume_run, run
+    from hetbench.config import load_config
+    from hetbench.runner import resume_run, run
 
     if args.resume:
         if args.config or args.set:
@@ -35,8 +35,8 @@ def cmd_run(args) -> int:
 def cmd_report(args) -> int:
     from pathlib import Path
 
-    from .records import read_records
-    from .report import markdown, write_tables
+    from hetbench.results.records import read_records
+    from hetbench.results.report import markdown, write_tables
 
     files = args.files or sorted(str(p) for p in Path(args.results_dir, "raw").glob("*.json"))[-1:]
     if not files:
@@ -50,13 +50,13 @@ def cmd_report(args) -> int:
 
 
 def cmd_worker(args) -> int:
-    from .worker import run_worker
+    from hetbench.cluster.worker import run_worker
 
     return run_worker(args.head, args.label, args.name or args.label, args.ray_port, args.dask_port, args.timeout)
 
 
 def cmd_devices(args) -> int:
-    from .devices import available_devices, describe, resolve_device
+    from hetbench.devices import available_devices, describe, resolve_device
 
     print(f"auto -> {resolve_device('auto')}")
     for name in available_devices():
@@ -65,7 +65,7 @@ def cmd_devices(args) -> int:
 
 
 def cmd_strategies(args) -> int:
-    from .registry import availability
+    from hetbench.strategies.registry import availability
 
     for name, reason in availability().items():
         print(f"{name:16} {'available' if reason is None else 'unavailable: ' + reason}")

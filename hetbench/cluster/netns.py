@@ -10,7 +10,7 @@ import os
 import shutil
 import subprocess
 
-from .errors import UserError
+from hetbench.errors import UserError
 
 SUBNET = "10.231"  # link i: host side 10.231.i.1, namespace side 10.231.i.2 (/30)
 

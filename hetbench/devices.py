@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .errors import UserError
+from hetbench.errors import UserError
 
 AUTO = "auto"
 

@@ -19,7 +19,7 @@ import uuid
 import ray
 import torch
 
-from .base import (
+from hetbench.strategies.base import (
     StepTiming,
     Strategy,
     quiet_loggers,
@@ -28,14 +28,14 @@ from .base import (
     speed_split,
     workers_per_host,
 )
-from .checkpoints import load_train_state, train_state
-from .clock import now
-from .errors import RunFailed
-from .gradients import FlatModel, batch_shares, from_buffer
-from .processes import peak_rss_mb
-from .ray_cluster import RayConnection, on_driver_node
-from .roles import Replica
-from .workload import build_optimizer
+from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.clock import now
+from hetbench.errors import RunFailed
+from hetbench.gradients import FlatModel, batch_shares, from_buffer
+from hetbench.cluster.processes import peak_rss_mb
+from hetbench.cluster.ray_connection import RayConnection, on_driver_node
+from hetbench.strategies.roles import Replica
+from hetbench.workload import build_optimizer
 
 WAIT_S = 600  # no single step on any device takes this long: past it, something hangs
 

@@ -8,9 +8,9 @@ shared machine drifts over a run, and the reference should drift with the rows i
 """
 from __future__ import annotations
 
-from .base import workers_per_host
-from .clock import median
-from .ray_cluster import RayConnection, placement
+from hetbench.strategies.base import workers_per_host
+from hetbench.clock import median
+from hetbench.cluster.ray_connection import RayConnection, placement
 
 WARMUP_STEPS = 3
 
@@ -19,7 +19,7 @@ def measure_standalone(cfg: dict) -> dict[str, list[float]]:
     """Worker name -> its samples/s training alone, one figure per timing (two each)."""
     import ray
 
-    from .ray_ps import RemoteWorker, results
+    from hetbench.strategies.ray_ps import RemoteWorker, results
 
     workers = cfg["workers"]
     cluster = RayConnection(cfg, {w["node"] for w in workers if w["node"]})

@@ -8,10 +8,10 @@ import copy
 import sys
 import time
 
-from .config import split_batch
-from .errors import UserError
-from .nodes import dask_workers
-from .ray_cluster import RayConnection
+from hetbench.config import split_batch
+from hetbench.errors import UserError
+from hetbench.cluster.nodes import dask_workers
+from hetbench.cluster.ray_connection import RayConnection
 
 REPORT_EVERY_S = 10.0
 

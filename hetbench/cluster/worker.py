@@ -15,10 +15,10 @@ import tempfile
 import time
 from importlib import metadata
 
-from .addresses import check_reachable
-from .errors import UserError
-from .nodes import DASK_NODE_ENV, dask_worker_argv, ray_node_argv
-from .processes import stop_trees
+from hetbench.cluster.addresses import check_reachable
+from hetbench.errors import UserError
+from hetbench.cluster.nodes import DASK_NODE_ENV, dask_worker_argv, ray_node_argv
+from hetbench.cluster.processes import stop_trees
 
 MATCHED = ("ray", "torch", "hetbench")  # with Python's version: what must equal the head's
 

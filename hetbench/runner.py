@@ -9,23 +9,23 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from . import registry
-from .base import StepTiming, Strategy, resplit_due
-from .checkpoints import RunCheckpoints, from_saved, to_saved
-from .clock import cv, median, now
-from .config import balanced
-from .data import Split, cached_mnist
-from .errors import RunFailed
-from .floor import FLOOR_NAME, measure_floor
-from .gradients import FlatModel, count_parameters
-from .joined import wait_for_workers
-from .local_cluster import cluster_for_run
-from .processes import peak_rss_mb
-from .records import RecordFile, environment, redacted
-from .registry import BASELINE
-from .report import alone, markdown, write_tables
-from .standalone import measure_standalone, speeds
-from .workload import Net, accuracy
+from hetbench.strategies import registry
+from hetbench.strategies.base import StepTiming, Strategy, resplit_due
+from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
+from hetbench.clock import cv, median, now
+from hetbench.config import balanced
+from hetbench.data import Split, cached_mnist
+from hetbench.errors import RunFailed
+from hetbench.floor import FLOOR_NAME, measure_floor
+from hetbench.gradients import FlatModel, count_parameters
+from hetbench.cluster.joined import wait_for_workers
+from hetbench.cluster.multinode import cluster_for_run
+from hetbench.cluster.processes import peak_rss_mb
+from hetbench.results.records import RecordFile, environment, redacted
+from hetbench.strategies.registry import BASELINE
+from hetbench.results.report import alone, markdown, write_tables
+from hetbench.standalone import measure_standalone, speeds
+from hetbench.workload import Net, accuracy
 
 log = logging.getLogger(__name__)
 

@@ -19,15 +19,15 @@ import socket
 
 import torch
 
-from .addresses import check_reachable
-from .base import StepTiming, Strategy, quiet_loggers, workers_per_host
-from .clock import now
-from .errors import RunFailed, UserError, WorkersLost
-from .gradients import batch_shares
-from .host_memory import HandsOff, HostBuffers
-from .local_cluster import placement_labels
-from .nodes import dask_workers
-from .roles import ParameterServer, Replica
+from hetbench.cluster.addresses import check_reachable
+from hetbench.strategies.base import StepTiming, Strategy, quiet_loggers, workers_per_host
+from hetbench.clock import now
+from hetbench.errors import RunFailed, UserError, WorkersLost
+from hetbench.gradients import batch_shares
+from hetbench.transport.host_memory import HandsOff, HostBuffers
+from hetbench.cluster.multinode import placement_labels
+from hetbench.cluster.nodes import dask_workers
+from hetbench.strategies.roles import ParameterServer, Replica
 
 LOSS_POLL_S = 0.5  # while a call is unanswered, how often the scheduler is asked whether its worker is gone
 

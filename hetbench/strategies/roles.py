@@ -8,15 +8,15 @@ import time
 
 import torch
 
-from .base import step_indices, worker_slice
-from .checkpoints import load_train_state, train_state
-from .clock import cpu_wait, now
-from .data import cached_mnist
-from .devices import configure_threads, keep_freed_memory, resolve_device
-from .gradients import FlatModel, count_parameters, from_buffer, weighted_sum
-from .host_memory import HostBuffers
-from .processes import peak_rss_mb
-from .workload import build_model, build_optimizer, forward_backward
+from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.clock import cpu_wait, now
+from hetbench.data import cached_mnist
+from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
+from hetbench.gradients import FlatModel, count_parameters, from_buffer, weighted_sum
+from hetbench.transport.host_memory import HostBuffers
+from hetbench.cluster.processes import peak_rss_mb
+from hetbench.workload import build_model, build_optimizer, forward_backward
 
 
 class Replica:

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import importlib
 
-from .base import Strategy
-from .errors import UserError
+from hetbench.strategies.base import Strategy
+from hetbench.errors import UserError
 
 STRATEGIES = {  # name -> "module:Class"; one line per strategy
-    "single": "strategies.single:Single",
-    "ray-ps": "strategies.ray_ps:RayParameterServer",
-    "ray-ps-async": "strategies.ray_ps:RayParameterServerAsync",
-    "ray-train-gloo": "strategies.ray_train_gloo:RayTrainGloo",
-    "dask-sync": "strategies.dask_sync:DaskSync",
+    "single": "hetbench.strategies.single:Single",
+    "ray-ps": "hetbench.strategies.ray_ps:RayParameterServer",
+    "ray-ps-async": "hetbench.strategies.ray_ps:RayParameterServerAsync",
+    "ray-train-gloo": "hetbench.strategies.ray_train_gloo:RayTrainGloo",
+    "dask-sync": "hetbench.strategies.dask_sync:DaskSync",
 }
 BASELINE = "single"
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .floor import FLOOR_NAME
-from .records import atomic_write_bytes
-from .registry import BASELINE
+from hetbench.floor import FLOOR_NAME
+from hetbench.results.records import atomic_write_bytes
+from hetbench.strategies.registry import BASELINE
 
 
 def label(record: dict) -> str:
