@@ -32,6 +32,8 @@ from hetbench.workload import build_model, build_optimizer, forward_backward
 
 TIMINGS = 16  # bytes per worker: start and end of its last compute (float64 perf_counter, one clock here)
 
+LIMIT_S = 60.0  # a hand-off this late means a process of the benchmark died
+
 
 def timings(path: str, slots: int) -> torch.Tensor:
     return torch.from_file(path, shared=True, size=TIMINGS * slots, dtype=torch.uint8).view(torch.float64).view(slots, 2)
@@ -41,7 +43,7 @@ def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
     torch.set_num_threads(1)  # two workers on two cores, as workers_per_host gives them in local mode
     keep_freed_memory()
     batches = [w["batch"] for w in cfg["workers"]]
-    shared, computes = HostBuffers.attach(paths[0], cfg["numel"], len(batches)), timings(paths[1], len(batches))
+    shared, computes = HostBuffers.attach(paths[0], cfg["numel"], len(batches), LIMIT_S), timings(paths[1], len(batches))
     flat = FlatModel(build_model(cfg["dropout"], cfg["seed"]))
     images, labels = cached_mnist(cfg, announce=False)[0].tensors(torch.device("cpu"))
     share = batch_shares(batches)[rank]
@@ -60,7 +62,7 @@ def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
 def server_round(cfg: dict, steps: int, warmup: int) -> list[tuple[float, float, float]]:
     """(step s, sync overhead s, update s) per timed step of one run of `steps` steps."""
     slots = len(cfg["workers"])
-    shared = HostBuffers.create(cfg["numel"], slots)
+    shared = HostBuffers.create(cfg["numel"], slots, LIMIT_S)
     fd, timings_path = tempfile.mkstemp(prefix="hetbench-", dir="/dev/shm")
     os.close(fd)
     computes = timings(timings_path, slots)

@@ -14,7 +14,8 @@ import pytest
 
 from hetbench.strategies.base import StepTiming
 from hetbench.clock import median
-from hetbench.config import balanced, load_config
+from hetbench.balance import balanced
+from hetbench.config import load_config
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import count_parameters
 from hetbench.strategies.registry import BASELINE, load

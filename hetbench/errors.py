@@ -1,4 +1,6 @@
-"""The one exception type the CLI turns into a one-line message and exit code 2."""
+"""What goes wrong, in the kinds the CLI reports: one sentence each (exit 2 for bad input)."""
+
+import logging
 
 
 class UserError(Exception):
@@ -15,3 +17,11 @@ class WorkersLost(Exception):
     def __init__(self, ranks: list[int]) -> None:
         super().__init__(f"workers lost: {ranks}")
         self.ranks = ranks
+
+
+def quiet_loggers(*names: str) -> None:
+    """Keep a cluster library's own chatter (and its tracebacks) off the terminal, unless the user
+    asked for logs (-v): the strategies report every failure themselves, in one sentence."""
+    if logging.getLogger().getEffectiveLevel() > logging.INFO:
+        for name in names:
+            logging.getLogger(name).setLevel(logging.CRITICAL)

@@ -10,10 +10,10 @@ import torch
 from tqdm import tqdm
 
 from hetbench.strategies import registry
-from hetbench.strategies.base import StepTiming, Strategy, resplit_due
+from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.clock import cv, median, now
-from hetbench.config import balanced
+from hetbench.balance import balanced, resplit_due
 from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
@@ -189,6 +189,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         "workers": workers,
         "samples_per_s": samples_per_s,
         "floor_transfers": cls.floor_transfers,
+        "table_note": cls.table_note or None,
         **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
         "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],

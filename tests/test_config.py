@@ -1,6 +1,7 @@
 import pytest
 
-from hetbench.config import DEFAULTS, balanced, load_config, split_batch
+from hetbench.balance import balanced, split_batch
+from hetbench.config import DEFAULTS, load_config
 from hetbench.errors import UserError
 
 

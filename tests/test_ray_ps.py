@@ -18,7 +18,7 @@ from tests.test_equivalence import UNEQUAL, first_update
 
 def test_async_learns_and_records_bounded_staleness(tmp_path):
     cfg = small_config(tmp_path, "strategies=[ray-ps-async]", UNEQUAL, "steps=120", "warmup_steps=2",
-                       "repeats=1", "eval_every=40", "floor.enabled=false", "max_staleness=1")
+                       "repeats=1", "eval_every=40", "floor.enabled=false", "ray-ps-async.max_staleness=1")
     (record,) = json.loads(run(cfg).path.read_text())
     assert record["status"] == "ok" and record["final_accuracy"] > 0.5  # chance is 0.1
     staleness = record["staleness"]
@@ -29,7 +29,7 @@ def test_async_learns_and_records_bounded_staleness(tmp_path):
 def test_a_dead_server_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
     # a lost worker is survived (test_faults.py); the server holds the only master weights
     message, records = run_killing_a_worker(tmp_path, monkeypatch, ray_ps.RayParameterServer,
-                                            lambda strategy: ray.kill(strategy.server), "ray-ps")
+                                            lambda strategy: ray.kill(strategy.placed.coordinator), "ray-ps")
     assert message == "ray-ps: the parameter server died while step 3"
     assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("ray-ps", "failed")]
     assert "| single" in (tmp_path / "results" / "killed.md").read_text()

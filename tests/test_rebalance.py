@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from hetbench.strategies.base import StepTiming, Strategy, resplit_due, resplit_event
+from hetbench.balance import resplit_due, resplit_event
+from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.runner import run
 from tests.conftest import small_config
 

@@ -8,7 +8,7 @@ import copy
 import sys
 import time
 
-from hetbench.config import split_batch
+from hetbench.balance import split_batch
 from hetbench.errors import UserError
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.ray_connection import RayConnection

@@ -119,7 +119,7 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
     try:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         pictures = "".join(f"\n![{p.stem}]({p.name})\n" for p in write_plots(records, results_dir, name))
-        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{LEGEND}\n{pictures}")
+        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{legend(records)}\n{pictures}")
         atomic_write(csv_path, to_csv(records))
     except OSError as e:
         raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
@@ -139,12 +139,17 @@ def _each(rates: list[float]) -> str:
     return "/".join(f"{rate:.0f}" for rate in rates)
 
 
+def legend(records: list[dict]) -> str:
+    """The columns explained, then each strategy's own note (Strategy.table_note) where it has a row."""
+    notes = dict.fromkeys(r["table_note"] for r in records if r.get("table_note"))
+    return "\n".join([LEGEND, *notes])
+
+
 LEGEND = """\
 samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
 compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
 gradients or weights (update: the part of comm a parameter server spends in its optimizer step),
-and of the fastest worker idling for the slowest (ray-ps-async: time a worker was held back by
-max_staleness). sync overhead = step time - slowest compute;
+and of the fastest worker idling for the slowest. sync overhead = step time - slowest compute;
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
 speeds measured alone, then once more by those of the warm-up steps, where the workers share the
 machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
@@ -152,8 +157,9 @@ the workers column shows the last split). scaling eff: samples/s over the sum of
 trains alone on the whole batch in the same run (the median of its timings at the start and at the end of
 the run; auto's first split uses those at the start). "(slowed Nx)" marks an emulated slow worker.
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
-same run, over the same link), k = 1 for an all-reduce (ray-train-gloo), 2 for a parameter server
-(gradient up, then weights down: ray-ps, dask-sync): what the link allows a synchronous strategy;
+same run, over the same link), k = the strategy's transfers of the model per step (1 for an
+all-reduce, 2 for a parameter server: gradient up, then weights down): what the link allows a
+synchronous strategy;
 vs predicted: the measured samples/s over it.
 on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
 processes, measured in the same run, and "vs floor" divides by it. time to target: training clock

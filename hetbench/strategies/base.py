@@ -1,7 +1,6 @@
 """The contract every strategy implements, and what one global step reports."""
 from __future__ import annotations
 
-import logging
 import sys
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -10,10 +9,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from hetbench.balance import resplit_event, speed_split, split_batch
 from hetbench.errors import RunFailed
-
-REBALANCE_MIN_SHIFT = 0.02  # re-split only when some worker's batch moves by this share of the global batch
-
+from hetbench.gradients import batch_shares
 
 @dataclass
 class StepTiming:
@@ -54,10 +52,19 @@ class Strategy(ABC):
     # overrides rebalance where its workers re-split themselves.
     rebalances: ClassVar[bool] = False
 
+    # This strategy's own config keys: name -> (default, one-line comment). They live under the
+    # strategy's name in a config (e.g. `ray-ps-async: {max_staleness: 1}`); config.py resolves them.
+    options: ClassVar[dict[str, tuple]] = {}
+    # A sentence for the tables' legend, shown where this strategy has a row.
+    table_note: ClassVar[str] = ""
+
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
-        self.events: list[dict] = []  # what was lost, when, and the split that went on
-        self.lost: list[dict] = []    # worker_info of the lost workers, with lost_at_step
+        self.events: list[dict] = []   # what was lost, when, and the split that went on
+        self.lost: list[dict] = []     # worker_info of the lost workers, with lost_at_step
+        self.info: list[dict] = []     # per live worker, in rank order: what worker_info reports
+        self.batches: list[int] = []   # per live worker: its samples per step
+        self.shares: list[float] = []  # per live worker: batch / global batch, the rule's weights
 
     @abstractmethod
     def start(self) -> None:
@@ -101,8 +108,6 @@ class Strategy(ABC):
         The survivors' batches keep their ratios (so an auto/proportional split stays speed-proportional);
         the gradient rule weights by the new batches, so a step still equals one on the union batch.
         """
-        from hetbench.config import split_batch
-
         lost = self.info.pop(rank)
         del self.batches[rank]
         if not self.batches:
@@ -127,8 +132,6 @@ class Strategy(ABC):
 
     def _set_split(self, batches: list[int]) -> dict[str, int]:
         """The driver's side of a new split: batches, the rule's shares, the workers' info; the split by name."""
-        from hetbench.gradients import batch_shares
-
         self.batches, self.shares = batches, batch_shares(batches)
         for info, batch in zip(self.info, batches):
             info["batch"] = batch
@@ -140,44 +143,6 @@ class Strategy(ABC):
 
     def close(self) -> None:
         """Stop everything start() started; called on every exit path."""
-
-
-def speed_split(global_batch: int, batches: list[int], computes: list[list[float]]) -> list[int] | None:
-    """A new split by each worker's speed over a window (its batch over its median compute), or None
-    to keep the split. Repeated, this settles where every worker's compute takes as long, fixed
-    per-step costs included, which a split by speeds measured alone cannot see. A worker with no
-    compute in the window (async) gives no speed to go by; small shifts are noise."""
-    from hetbench.config import split_batch
-
-    if not all(computes):
-        return None
-    new = split_batch(global_batch, [b / float(np.median(c)) for b, c in zip(batches, computes)])
-    if max(abs(n - b) for n, b in zip(new, batches)) < REBALANCE_MIN_SHIFT * global_batch:
-        return None
-    return new
-
-
-def resplit_due(cfg: dict, step: int, window_steps: int) -> bool:
-    """Whether the split is re-derived after `step`, `window_steps` steps since it last changed
-    (this one included): every rebalance_every steps, and for `auto` once at the end of warm-up.
-    auto's first split comes from each worker timed alone; in the run the workers share the
-    machine (and pay per-step costs) as they did not alone, and the warm-up steps show it."""
-    if 0 < cfg["rebalance_every"] <= window_steps:
-        return True
-    return cfg["balance"] == ["auto"] and step == cfg["warmup_steps"] - 1
-
-
-def resplit_event(cfg: dict, step: int, split: dict[str, int]) -> dict:
-    """The record of a new split; one made in warm-up is auto's own, not a rebalance_every one."""
-    return {"step": step, "rebalanced": split, **({"in_warmup": True} if step < cfg["warmup_steps"] else {})}
-
-
-def quiet_loggers(*names: str) -> None:
-    """Keep a cluster library's own chatter (and its tracebacks) off the terminal, unless the user
-    asked for logs (-v): the strategies report every failure themselves, in one sentence."""
-    if logging.getLogger().getEffectiveLevel() > logging.INFO:
-        for name in names:
-            logging.getLogger(name).setLevel(logging.CRITICAL)
 
 
 def step_indices(n: int, global_batch: int, seed: int, step: int) -> np.ndarray:
@@ -199,14 +164,3 @@ def worker_slice(indices: np.ndarray, batches: list[int], rank: int) -> np.ndarr
     """Worker `rank`'s part of a global batch: contiguous, in worker order."""
     offset = sum(batches[:rank])
     return indices[offset:offset + batches[rank]]
-
-
-def workers_per_host(cfg: dict, worker: dict, joined_cluster: bool) -> int:
-    """How many training processes share this worker's host (they split its cores).
-
-    Locally all of them (local-multinode's nodes share one box too); in a joined cluster those
-    placed on the same labelled node.
-    """
-    if not joined_cluster or cfg["cluster"]["mode"] == "local-multinode":
-        return len(cfg["workers"])
-    return sum(1 for w in cfg["workers"] if w["node"] == worker["node"])

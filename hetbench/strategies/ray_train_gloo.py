@@ -19,86 +19,18 @@ import uuid
 import ray
 import torch
 
-from hetbench.strategies.base import (
-    StepTiming,
-    Strategy,
-    quiet_loggers,
-    resplit_due,
-    resplit_event,
-    speed_split,
-    workers_per_host,
-)
-from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.balance import resplit_due, resplit_event, speed_split
 from hetbench.clock import now
-from hetbench.errors import RunFailed
-from hetbench.gradients import FlatModel, batch_shares, from_buffer
+from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import RayConnection, on_driver_node
+from hetbench.errors import RunFailed, quiet_loggers
+from hetbench.gradients import FlatModel, batch_shares, from_buffer
+from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.strategies.ray_train_collector import Collector
 from hetbench.strategies.roles import Replica
 from hetbench.workload import build_optimizer
-
-WAIT_S = 600  # no single step on any device takes this long: past it, something hangs
-
-
-@ray.remote(num_cpus=0, max_concurrency=16)
-class Collector:
-    """Per-step timings from every rank and rank 0's weights at evaluation steps, for the driver."""
-
-    def __init__(self, world: int) -> None:
-        self.world, self.steps, self.snapshots = world, {}, {}
-        self.ready = threading.Condition()
-        self.released: set = set()
-        self.stop = False
-        self.repeat = 0          # the repeat the driver is in
-        self.states: dict = {}   # repeat -> (next step, rank 0's model + optimizer): where a restart begins
-        self.starts = 0          # how often the group started (Ray Train restarts it after a lost rank)
-        self.resumed_from = 0    # the step the latest start began at
-
-    def begin(self, rank: int):
-        """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start)."""
-        with self.ready:
-            next_step, state = self.states.get(self.repeat, (0, None))
-            if rank == 0:
-                self.starts, self.resumed_from = self.starts + 1, next_step
-            return self.repeat, next_step, state
-
-    def save_state(self, repeat: int, next_step: int, state: dict) -> None:
-        with self.ready:
-            self.states = {repeat: (next_step, state)}
-
-    def record(self, key: tuple, rank: int, timing: dict, weights=None) -> bool:
-        with self.ready:
-            self.steps.setdefault(key, {})[rank] = timing
-            if weights is not None:
-                self.snapshots[key] = weights
-            self.ready.notify_all()
-        return self.stop
-
-    def wait(self, key: tuple, timeout_s: float):
-        """All ranks' timings for (repeat, step), the weights if rank 0 sent them, and how often the
-        group started and where the latest start began; None on timeout."""
-        with self.ready:
-            if isinstance(key[0], int):
-                self.repeat = key[0]
-            if not self.ready.wait_for(lambda: len(self.steps.get(key, {})) == self.world, timeout_s):
-                return None
-            return self.steps.pop(key), self.snapshots.pop(key, None), self.starts, self.resumed_from
-
-    def hold(self, key: tuple, timeout_s: float) -> bool:
-        """Ranks wait here after an evaluation step until the driver has evaluated (or stops them)."""
-        with self.ready:
-            self.ready.wait_for(lambda: key in self.released or self.stop, timeout_s)
-            return self.stop
-
-    def release(self, key: tuple) -> None:
-        with self.ready:
-            self.released.add(key)
-            self.ready.notify_all()
-
-    def request_stop(self) -> None:
-        with self.ready:
-            self.stop = True
-            self.ready.notify_all()
 
 
 @ray.remote(num_cpus=0)
@@ -207,13 +139,15 @@ def train_loop(config: dict) -> None:
             # its evaluation never competes with training for the cores
             if keep_state and (step + 1) % every == 0 and step + 1 < total:
                 collector.save_state.remote(repeat, step + 1, train_state(flat, optimizer))
-            if evaluated and ray.get(collector.hold.remote((repeat, step), WAIT_S)):
+            if evaluated and ray.get(collector.hold.remote((repeat, step), cfg["cluster"]["step_timeout_s"])):
                 return
     dist.barrier()
 
 
 class RayTrainGloo(Strategy):
     name = "ray-train-gloo"
+    options = {"max_failures": (1, "Ray Train restarts its group after a lost rank this often")}
+    table_note = "ray-train-gloo: one all-reduce per step, so its link prediction counts one floor transfer."
     floor_transfers = 1.0
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
@@ -223,7 +157,7 @@ class RayTrainGloo(Strategy):
         from ray.train.torch import TorchConfig, TorchTrainer
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
-        workers = self.cfg["workers"]
+        workers, self.timeout_s = self.cfg["workers"], self.cfg["cluster"]["step_timeout_s"]
         self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
         self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
@@ -231,12 +165,12 @@ class RayTrainGloo(Strategy):
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={"cfg": self.cfg, "collector": self.collector, "joined": joined},
-            torch_config=TorchConfig(backend="gloo", timeout_s=int(WAIT_S)),
+            torch_config=TorchConfig(backend="gloo", timeout_s=int(self.timeout_s)),
             scaling_config=ScalingConfig(num_workers=len(workers), use_gpu=False,
                                          resources_per_worker={"CPU": 0.01},
                                          placement_strategy="SPREAD" if joined else "PACK"),
             run_config=RunConfig(name=f"hetbench-{uuid.uuid4().hex[:12]}", storage_path=self.storage,
-                                 failure_config=FailureConfig(max_failures=self.cfg["train_max_failures"])),
+                                 failure_config=FailureConfig(max_failures=self.cfg[self.name]["max_failures"])),
         )
         self.failure: BaseException | None = None
         self.fit = threading.Thread(target=self._fit, args=(trainer,), daemon=True)
@@ -256,7 +190,7 @@ class RayTrainGloo(Strategy):
 
     def _wait(self, key: tuple):
         waited = 0.0
-        while waited < WAIT_S:
+        while waited < self.timeout_s:
             got = ray.get(self.collector.wait.remote(key, 2.0))
             if got is not None:
                 return got
@@ -264,7 +198,7 @@ class RayTrainGloo(Strategy):
                 reason = str(self.failure).strip().splitlines()[-1] if self.failure else "training ended early"
                 raise RunFailed(f"{self.name}: the training group stopped at {key}: {reason}")
             waited += 2.0
-        raise RunFailed(f"{self.name}: no step finished within {WAIT_S} s at {key}")
+        raise RunFailed(f"{self.name}: no step finished within {self.timeout_s:g} s at {key}")
 
     def reset(self, seed: int) -> None:
         self._release()
@@ -308,7 +242,7 @@ class RayTrainGloo(Strategy):
 
         info = next(i for i in self.info if i["name"] == name)
         where = NodeAffinitySchedulingStrategy(info["node_id"], soft=False)
-        ray.get(kill_process.options(scheduling_strategy=where).remote(info["pid"]), timeout=WAIT_S)
+        ray.get(kill_process.options(scheduling_strategy=where).remote(info["pid"]), timeout=self.timeout_s)
 
     def weights(self) -> torch.Tensor:
         return from_buffer(self.snapshot)

@@ -9,7 +9,7 @@ from hetbench.errors import UserError
 STRATEGIES = {  # name -> "module:Class"; one line per strategy
     "single": "hetbench.strategies.single:Single",
     "ray-ps": "hetbench.strategies.ray_ps:RayParameterServer",
-    "ray-ps-async": "hetbench.strategies.ray_ps:RayParameterServerAsync",
+    "ray-ps-async": "hetbench.strategies.ray_ps_async:RayParameterServerAsync",
     "ray-train-gloo": "hetbench.strategies.ray_train_gloo:RayTrainGloo",
     "dask-sync": "hetbench.strategies.dask_sync:DaskSync",
 }
@@ -45,3 +45,13 @@ def availability() -> dict[str, str | None]:
         except ImportError as e:
             reasons[name] = str(e)
     return reasons
+
+
+def options(name: str) -> dict[str, tuple]:
+    """A registered strategy's own settings (Strategy.options), or none where it is unavailable here."""
+    if name not in STRATEGIES:
+        return {}
+    try:
+        return load(name).options
+    except ImportError:
+        return {}

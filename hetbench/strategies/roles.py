@@ -57,7 +57,7 @@ class Replica:
 
     def attach(self, path: str, numel: int, slots: int, slot: int) -> bool:
         """On the server's host: map its shared memory, where my weights come and my gradient goes."""
-        self.shared, self.slot = HostBuffers.attach(path, numel, slots), slot
+        self.shared, self.slot = HostBuffers.attach(path, numel, slots, self.cfg["cluster"]["step_timeout_s"]), slot
         return self.shared is not None
 
     def compute(self, weights, step: int, ticket: int | None = None, after: int | None = None):
@@ -126,11 +126,13 @@ class ParameterServer:
 
     def share_with(self, cfg: dict, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
-        self.shared = HostBuffers.create(count_parameters(build_model(cfg["dropout"], 0)), slots)
+        self.shared = HostBuffers.create(count_parameters(build_model(cfg["dropout"], 0)), slots,
+                                        cfg["cluster"]["step_timeout_s"])
         return (self.shared.path, self.shared.numel) if self.shared else None
 
-    def shared_by_all(self) -> None:
-        """Every worker that could has mapped the shared memory: its name goes (nothing to leave behind)."""
+    def shared_by_all(self, by_value: bool = True) -> None:
+        """Every worker that could has mapped the shared memory: its name goes (nothing to leave behind).
+        `by_value`: whether some worker is not among them (and is sent the weights by value)."""
         if self.shared:
             self.shared.unlink()
 

@@ -26,7 +26,6 @@ import torch
 
 SHM_DIR = "/dev/shm"
 VERSION, ABANDONED, FIRST_SLOT = 0, 1, 2  # the counters: weights version, last abandoned ticket, one per slot
-WAIT_LIMIT_S = 600.0  # as ray-ps's step timeout: a hand-off this late means a peer is gone
 CHECK_EVERY_S = 0.5   # how often a wait looks up from its futex: limit, parent, the caller's own check
 # Linux's futex syscall; only on x86-64, whose stores become visible in program order (a plain
 # store of the counter after the buffer's writes is then a release). Elsewhere: no hand-off.
@@ -45,8 +44,9 @@ class Timespec(ctypes.Structure):
 class HostBuffers:
     """The weights, then one gradient slot per co-located worker, as float32 views of one shared file."""
 
-    def __init__(self, path: str, numel: int, slots: int) -> None:
-        self.path, self.numel = path, numel
+    def __init__(self, path: str, numel: int, slots: int, limit_s: float) -> None:
+        """`limit_s`: a hand-off this late means a peer is gone (the config's step timeout)."""
+        self.path, self.numel, self.limit_s = path, numel, limit_s
         self.memory = torch.from_file(path, shared=True, size=_size(numel, slots) // 4, dtype=torch.float32)
         header = _header(slots)
         self.counters = self.memory[:header].view(torch.int32)
@@ -54,7 +54,7 @@ class HostBuffers:
         self.buffers = self.memory[header:]
 
     @classmethod
-    def create(cls, numel: int, slots: int) -> HostBuffers | None:
+    def create(cls, numel: int, slots: int, limit_s: float) -> HostBuffers | None:
         """A new file, its pages faulted in once here; None where shared memory is missing or full
         (a container's /dev/shm is 64 MB by default): callers then use the object store."""
         try:
@@ -63,19 +63,19 @@ class HostBuffers:
                 os.posix_fallocate(fd, 0, _size(numel, slots))  # ENOSPC now, not SIGBUS mid-run
             finally:
                 os.close(fd)
-            buffers = cls(path, numel, slots)
+            buffers = cls(path, numel, slots, limit_s)
         except OSError:
             return None
         buffers.memory.zero_()
         return buffers
 
     @classmethod
-    def attach(cls, path: str, numel: int, slots: int) -> HostBuffers | None:
+    def attach(cls, path: str, numel: int, slots: int, limit_s: float) -> HostBuffers | None:
         """The server's file, mapped in this process; None where this process cannot see it."""
         try:  # torch.from_file would create a missing file: check first that this is the server's
             if os.path.getsize(path) != _size(numel, slots):
                 return None
-            return cls(path, numel, slots)
+            return cls(path, numel, slots, limit_s)
         except OSError:
             return None
 
@@ -124,8 +124,8 @@ class HostBuffers:
             if os.getppid() != parent:  # e.g. Ray's raylet was killed with the run: nobody will answer
                 raise Abandoned("the process that started this one is gone")
             waited = time.monotonic() - started
-            if waited > WAIT_LIMIT_S:
-                raise TimeoutError(f"no hand-off within {WAIT_LIMIT_S:g} s (ticket {ticket})")
+            if waited > self.limit_s:
+                raise TimeoutError(f"no hand-off within {self.limit_s:g} s (ticket {ticket})")
             if check and waited >= CHECK_EVERY_S:  # not at once: a hand-off on time costs no check
                 check()
             _futex(self._address(index), FUTEX_WAIT, seen, Timespec(0, int(CHECK_EVERY_S * 1e9)))

@@ -1,0 +1,77 @@
+"""How the global batch is split among workers: once per scenario (equal, proportional, auto) and
+again during a run by the speeds the workers show (auto's end of warm-up, rebalance_every)."""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+
+from hetbench.errors import UserError
+
+REBALANCE_MIN_SHIFT = 0.02  # re-split only when some worker's batch moves by this share of the global batch
+
+
+def split_batch(total: int, weights: list[float]) -> list[int]:
+    """Integer split of `total` proportional to `weights` that sums exactly (largest remainder)."""
+    if total < len(weights):
+        raise UserError(f"batch_size {total} is smaller than the number of workers ({len(weights)})")
+    scale = total / sum(weights)
+    exact = [w * scale for w in weights]
+    parts = [max(1, int(x)) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: exact[i] - int(exact[i]), reverse=True)
+    i = 0
+    while sum(parts) != total:
+        j = order[i % len(order)]
+        step = 1 if sum(parts) < total else -1
+        if parts[j] + step >= 1:
+            parts[j] += step
+        i += 1
+    return parts
+
+
+def balanced(cfg: dict, balance: str, measured: dict[str, float] | None = None) -> dict:
+    """The config of one balance scenario: every worker's batch set, the global batch unchanged.
+
+    equal: as validated (the configured batches, else an equal split); proportional: by each
+    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`), which
+    the runner corrects at the end of warm-up (base.resplit_due).
+    """
+    out = copy.deepcopy(cfg)
+    out["balance"] = [balance]
+    if balance == "equal":
+        return out
+    if balance == "proportional":
+        speeds = [w["speed"] or 1.0 / w["slowdown"] for w in out["workers"]]
+    else:
+        speeds = [measured[w["name"]] for w in out["workers"]]
+    for worker, batch in zip(out["workers"], split_batch(cfg["batch_size"], speeds)):
+        worker["batch"] = batch
+    return out
+
+
+def speed_split(global_batch: int, batches: list[int], computes: list[list[float]]) -> list[int] | None:
+    """A new split by each worker's speed over a window (its batch over its median compute), or None
+    to keep the split. Repeated, this settles where every worker's compute takes as long, fixed
+    per-step costs included, which a split by speeds measured alone cannot see. A worker with no
+    compute in the window (async) gives no speed to go by; small shifts are noise."""
+    if not all(computes):
+        return None
+    new = split_batch(global_batch, [b / float(np.median(c)) for b, c in zip(batches, computes)])
+    if max(abs(n - b) for n, b in zip(new, batches)) < REBALANCE_MIN_SHIFT * global_batch:
+        return None
+    return new
+
+
+def resplit_due(cfg: dict, step: int, window_steps: int) -> bool:
+    """Whether the split is re-derived after `step`, `window_steps` steps since it last changed
+    (this one included): every rebalance_every steps, and for `auto` once at the end of warm-up.
+    auto's first split comes from each worker timed alone; in the run the workers share the
+    machine (and pay per-step costs) as they did not alone, and the warm-up steps show it."""
+    if 0 < cfg["rebalance_every"] <= window_steps:
+        return True
+    return cfg["balance"] == ["auto"] and step == cfg["warmup_steps"] - 1
+
+
+def resplit_event(cfg: dict, step: int, split: dict[str, int]) -> dict:
+    """The record of a new split; one made in warm-up is auto's own, not a rebalance_every one."""
+    return {"step": step, "rebalanced": split, **({"in_warmup": True} if step < cfg["warmup_steps"] else {})}

@@ -1,0 +1,68 @@
+"""Ray Train's ranks report to the driver through this actor: per-step timings from every rank,
+rank 0's weights at evaluation steps, and where a restarted group goes on from."""
+from __future__ import annotations
+
+import threading
+
+import ray
+
+
+@ray.remote(num_cpus=0, max_concurrency=16)
+class Collector:
+    """Per-step timings from every rank and rank 0's weights at evaluation steps, for the driver."""
+
+    def __init__(self, world: int) -> None:
+        self.world, self.steps, self.snapshots = world, {}, {}
+        self.ready = threading.Condition()
+        self.released: set = set()
+        self.stop = False
+        self.repeat = 0          # the repeat the driver is in
+        self.states: dict = {}   # repeat -> (next step, rank 0's model + optimizer): where a restart begins
+        self.starts = 0          # how often the group started (Ray Train restarts it after a lost rank)
+        self.resumed_from = 0    # the step the latest start began at
+
+    def begin(self, rank: int):
+        """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start)."""
+        with self.ready:
+            next_step, state = self.states.get(self.repeat, (0, None))
+            if rank == 0:
+                self.starts, self.resumed_from = self.starts + 1, next_step
+            return self.repeat, next_step, state
+
+    def save_state(self, repeat: int, next_step: int, state: dict) -> None:
+        with self.ready:
+            self.states = {repeat: (next_step, state)}
+
+    def record(self, key: tuple, rank: int, timing: dict, weights=None) -> bool:
+        with self.ready:
+            self.steps.setdefault(key, {})[rank] = timing
+            if weights is not None:
+                self.snapshots[key] = weights
+            self.ready.notify_all()
+        return self.stop
+
+    def wait(self, key: tuple, timeout_s: float):
+        """All ranks' timings for (repeat, step), the weights if rank 0 sent them, and how often the
+        group started and where the latest start began; None on timeout."""
+        with self.ready:
+            if isinstance(key[0], int):
+                self.repeat = key[0]
+            if not self.ready.wait_for(lambda: len(self.steps.get(key, {})) == self.world, timeout_s):
+                return None
+            return self.steps.pop(key), self.snapshots.pop(key, None), self.starts, self.resumed_from
+
+    def hold(self, key: tuple, timeout_s: float) -> bool:
+        """Ranks wait here after an evaluation step until the driver has evaluated (or stops them)."""
+        with self.ready:
+            self.ready.wait_for(lambda: key in self.released or self.stop, timeout_s)
+            return self.stop
+
+    def release(self, key: tuple) -> None:
+        with self.ready:
+            self.released.add(key)
+            self.ready.notify_all()
+
+    def request_stop(self) -> None:
+        with self.ready:
+            self.stop = True
+            self.ready.notify_all()
