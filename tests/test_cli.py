@@ -1,29 +1,23 @@
 """Every bad-input case through the real CLI: one line on stderr, exit code 2, no traceback unless -v."""
+
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO, fake_split, write_idx
+from helpers import assert_one_line_error, fake_split, hetbench, write_idx
 
-TINY = ["--set", "steps=2", "--set", "warmup_steps=0", "--set", "repeats=1", "--set", "floor.enabled=false",
-        "--set", "download=false"]
-
-
-def hetbench(*args, env=None, timeout=120):
-    env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "hetbench", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=env)
-
-
-def assert_one_line_error(result, pattern):
-    assert result.returncode == 2, result.stderr
-    lines = [l for l in result.stderr.splitlines() if l.strip() and not l.startswith("notice:")]
-    assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("hetbench: error: ") and "Traceback" not in result.stderr
-    assert pattern in lines[0], lines[0]
+TINY = [
+    "--set",
+    "steps=2",
+    "--set",
+    "warmup_steps=0",
+    "--set",
+    "repeats=1",
+    "--set",
+    "floor.enabled=false",
+    "--set",
+    "download=false",
+]
 
 
 @pytest.fixture
@@ -32,6 +26,7 @@ def config(tmp_path):
         path = tmp_path / "cfg.yaml"
         path.write_text(text)
         return str(path)
+
     return make
 
 
@@ -44,30 +39,35 @@ def test_unknown_key(config):
 
 
 def test_unknown_strategy(config):
-    assert_one_line_error(hetbench("run", "-c", config("strategies: [single, horovod]\n")),
-                          "unknown strategy 'horovod'; available: single, ray-ps")
+    assert_one_line_error(
+        hetbench("run", "-c", config("strategies: [single, horovod]\n")),
+        "unknown strategy 'horovod'; available: single, ray-ps",
+    )
 
 
 def test_negative_batch(config):
     assert_one_line_error(hetbench("run", "-c", config("workers: [{batch: -4}]\n")), "batch must be positive")
 
 
-@pytest.mark.parametrize("text,sets,message", [
-    ("steps: many\n", [], "config key 'steps' must be int, got str 'many'"),
-    ("- just\n- a list\n", [], "must be a mapping of keys to values"),
-    ("workers: [{name: a}, {name: a}]\n", [], "duplicate worker name 'a'"),
-    ("workers: [{share: 0.5}, {share: 0.4}]\n", [], "worker shares must sum to 1, they sum to 0.9"),
-    ("workers: [{batch: 8}, {share: 0.5}]\n", [], "give every worker a 'batch', or every worker a 'share'"),
-    ("workers: [{slowdown: 0.5}]\n", [], "slowdown must be >= 1.0"),
-    ("batch_size: 0\n", [], "'batch_size' must be positive"),
-    ("balance: [fastest]\n", [], "must be one of equal, proportional, auto"),
-    ("steps: 3\n", ["steps"], "--set takes key=value, got 'steps'"),
-    ("steps: 3\n", ["workers.5.batch=2"], "'5' is not an index of a list of 1"),
-    ("steps: 3\n", ["faults=[{at_step: 1, kill: worker, target: mac}]"], "no worker is named 'mac'"),
-    ("steps: 3\n", ["link.rate=fast"], "must look like 100mbit or 1gbit"),
-    ("cluster: {mode: cloud}\n", [], "must be one of local, local-multinode"),
-    ("cluster: {mode: local-multinode}\nstrategies: [ray-ps]\n", [], "needs workers with a 'node' placement label"),
-])
+@pytest.mark.parametrize(
+    "text,sets,message",
+    [
+        ("steps: many\n", [], "config key 'steps' must be int, got str 'many'"),
+        ("- just\n- a list\n", [], "must be a mapping of keys to values"),
+        ("workers: [{name: a}, {name: a}]\n", [], "duplicate worker name 'a'"),
+        ("workers: [{share: 0.5}, {share: 0.4}]\n", [], "worker shares must sum to 1, they sum to 0.9"),
+        ("workers: [{batch: 8}, {share: 0.5}]\n", [], "give every worker a 'batch', or every worker a 'share'"),
+        ("workers: [{slowdown: 0.5}]\n", [], "slowdown must be >= 1.0"),
+        ("batch_size: 0\n", [], "'batch_size' must be positive"),
+        ("balance: [fastest]\n", [], "must be one of equal, proportional, auto"),
+        ("steps: 3\n", ["steps"], "--set takes key=value, got 'steps'"),
+        ("steps: 3\n", ["workers.5.batch=2"], "'5' is not an index of a list of 1"),
+        ("steps: 3\n", ["faults=[{at_step: 1, kill: worker, target: mac}]"], "no worker is named 'mac'"),
+        ("steps: 3\n", ["link.rate=fast"], "must look like 100mbit or 1gbit"),
+        ("cluster: {mode: cloud}\n", [], "must be one of local, local-multinode"),
+        ("cluster: {mode: local-multinode}\nstrategies: [ray-ps]\n", [], "needs workers with a 'node' placement label"),
+    ],
+)
 def test_config_mistakes_are_one_sentence(config, tmp_path, text, sets, message):
     overrides = [arg for item in sets for arg in ("--set", item)]
     result = hetbench("run", "-c", config(text), *overrides, "--results-dir", str(tmp_path / "r"))
@@ -80,8 +80,9 @@ def test_missing_config_file(tmp_path):
 
 
 def test_unavailable_device(config, tmp_path):
-    result = hetbench("run", "-c", config("workers: [{device: 'cuda:99'}]\n"), *TINY,
-                      "--results-dir", str(tmp_path / "r"))
+    result = hetbench(
+        "run", "-c", config("workers: [{device: 'cuda:99'}]\n"), *TINY, "--results-dir", str(tmp_path / "r")
+    )
     assert_one_line_error(result, "device 'cuda:99' is not available here")
 
 
@@ -91,8 +92,9 @@ def test_unknown_device_kind(config, tmp_path):
 
 
 def test_missing_data_dir(config, tmp_path):
-    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'nowhere'}\n"), *TINY,
-                      "--results-dir", str(tmp_path / "r"))
+    result = hetbench(
+        "run", "-c", config(f"data_dir: {tmp_path / 'nowhere'}\n"), *TINY, "--results-dir", str(tmp_path / "r")
+    )
     assert_one_line_error(result, "does not exist")
     assert not (tmp_path / "r").exists()  # refused before any record file was reserved
 
@@ -101,8 +103,7 @@ def test_corrupt_data_file(config, tmp_path):
     images, labels = fake_split(3)
     write_idx(tmp_path / "d" / "t10k-images-idx3-ubyte", images, magic=7)
     write_idx(tmp_path / "d" / "t10k-labels-idx1-ubyte", labels)
-    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY,
-                      "--results-dir", str(tmp_path / "r"))
+    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY, "--results-dir", str(tmp_path / "r"))
     assert_one_line_error(result, "t10k-images-idx3-ubyte: bad magic number 7")
     assert not (tmp_path / "r").exists()
 
@@ -160,11 +161,12 @@ def test_worker_refuses_a_head_nothing_answers_at():
 
 
 def test_worker_refuses_version_mismatch_in_one_sentence():
-    from hetbench.errors import UserError
     from hetbench.cluster.worker import check_versions, versions
+    from hetbench.errors import UserError
 
     mine = versions()
     check_versions(mine, dict(mine))  # equal: nothing to say
-    with pytest.raises(UserError, match=r"version mismatch: python \S+ here but \S+ on the head; ray 2\.60\.0 here but 2\.59\.0"):
-        check_versions(mine, {**mine, "python": "3.11.2" if mine["python"] != "3.11.2" else "3.11.7",
-                              "ray": "2.59.0"})
+    with pytest.raises(
+        UserError, match=r"version mismatch: python \S+ here but \S+ on the head; ray 2\.60\.0 here but 2\.59\.0"
+    ):
+        check_versions(mine, {**mine, "python": "3.11.2" if mine["python"] != "3.11.2" else "3.11.7", "ray": "2.59.0"})

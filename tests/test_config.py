@@ -60,28 +60,31 @@ def test_equal_split_when_neither_is_given(tmp_path):
     assert sorted(w["batch"] for w in cfg["workers"]) == [32, 33]
 
 
-@pytest.mark.parametrize("text,message", [
-    ("workers: [{batch: 0}]", "batch must be positive"),
-    ("workers: [{batch: -3}]", "batch must be positive"),
-    ("workers: [{share: 0.5}, {share: 0.4}]", "shares must sum to 1"),
-    ("workers: [{batch: 3}, {share: 0.5}]", "not a mix"),
-    ("workers: [{name: a}, {name: a}]", "duplicate worker name 'a'"),
-    ("workers: []", "non-empty list"),
-    ("batch_size: -1", "'batch_size' must be positive"),
-    ("steps: 0", "'steps' must be positive"),
-    ("dropout: 1.5", "'dropout' must be in"),
-    ("strategies: []", "at least one strategy"),
-    ("workers: [{slowdown: 0.5}]", "slowdown must be >= 1.0"),
-    ("balance: [equal, fastest]", "'balance' must be one of equal, proportional, auto"),
-    ("balance: auto\nworkers: [{batch: 8}, {batch: 8}]", "remove the workers' batch/share"),
-    ("balance: auto\nstandalone_steps: 0", "standalone_steps must be positive"),
-    ("rebalance_every: -1", "'rebalance_every' must not be negative"),
-    ("rebalance_every: often", "rebalance_every"),
-    ("cluster: {mode: cloud}", "'cluster.mode' must be one of local, local-multinode"),
-    ("link: {rate: 100mbit}", "set cluster.mode local-multinode"),
-    ("workers: [{speed: 0}]", "speed must be positive"),
-    ("- a\n- b", "must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("workers: [{batch: 0}]", "batch must be positive"),
+        ("workers: [{batch: -3}]", "batch must be positive"),
+        ("workers: [{share: 0.5}, {share: 0.4}]", "shares must sum to 1"),
+        ("workers: [{batch: 3}, {share: 0.5}]", "not a mix"),
+        ("workers: [{name: a}, {name: a}]", "duplicate worker name 'a'"),
+        ("workers: []", "non-empty list"),
+        ("batch_size: -1", "'batch_size' must be positive"),
+        ("steps: 0", "'steps' must be positive"),
+        ("dropout: 1.5", "'dropout' must be in"),
+        ("strategies: []", "at least one strategy"),
+        ("workers: [{slowdown: 0.5}]", "slowdown must be >= 1.0"),
+        ("balance: [equal, fastest]", "'balance' must be one of equal, proportional, auto"),
+        ("balance: auto\nworkers: [{batch: 8}, {batch: 8}]", "remove the workers' batch/share"),
+        ("balance: auto\nstandalone_steps: 0", "standalone_steps must be positive"),
+        ("rebalance_every: -1", "'rebalance_every' must not be negative"),
+        ("rebalance_every: often", "rebalance_every"),
+        ("cluster: {mode: cloud}", "'cluster.mode' must be one of local, local-multinode"),
+        ("link: {rate: 100mbit}", "set cluster.mode local-multinode"),
+        ("workers: [{speed: 0}]", "speed must be positive"),
+        ("- a\n- b", "must be a mapping"),
+    ],
+)
 def test_bad_values_are_one_sentence(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
         load_config(write(tmp_path, text + "\n"))
@@ -103,8 +106,14 @@ def test_split_batch_sums_exactly_and_gives_everyone_at_least_one(total, weights
 
 
 def test_balanced_splits_keep_the_global_batch_and_follow_speed():
-    cfg = load_config(None, ["batch_size=256", "balance=[equal, proportional, auto]",
-                             "workers=[{name: fast}, {name: slow, slowdown: 3}, {name: odd, speed: 0.5}]"])
+    cfg = load_config(
+        None,
+        [
+            "batch_size=256",
+            "balance=[equal, proportional, auto]",
+            "workers=[{name: fast}, {name: slow, slowdown: 3}, {name: odd, speed: 0.5}]",
+        ],
+    )
     assert [w["batch"] for w in balanced(cfg, "equal")["workers"]] == [86, 85, 85]
     assert [w["batch"] for w in balanced(cfg, "proportional")["workers"]] == [140, 46, 70]  # 1 : 1/3 : 0.5 of 256
     auto = balanced(cfg, "auto", {"fast": 900.0, "slow": 300.0, "odd": 300.0})

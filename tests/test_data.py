@@ -1,3 +1,4 @@
+import functools
 import hashlib
 import http.server
 import threading
@@ -6,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import SHARED_MNIST, fake_split, small_config, write_idx
 from hetbench import data
 from hetbench.errors import UserError
-from tests.conftest import SHARED_MNIST, fake_split, small_config, write_idx
 
 
 def write_split(directory: Path, split: str, n: int, gz: bool = False, layout: str = "flat"):
@@ -80,7 +81,7 @@ def mirror(tmp_path, monkeypatch):
     write_split(root, "test", 10, gz=True)
     md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in root.glob("*.gz")}
     monkeypatch.setattr(data, "MD5", md5)
-    handler = lambda *a, **k: http.server.SimpleHTTPRequestHandler(*a, directory=str(root), **k)
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     http.server.SimpleHTTPRequestHandler.log_message = lambda *a: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

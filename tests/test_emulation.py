@@ -1,4 +1,5 @@
 """An emulated slower device (`slowdown`): slowed for its own work, not for the box's crowding."""
+
 import os
 import subprocess
 import sys
@@ -7,8 +8,8 @@ import time
 import pytest
 import torch
 
-from hetbench.strategies import roles
 from hetbench.clock import cpu_wait
+from hetbench.strategies import roles
 
 
 def replica_slowed(factor: float) -> roles.Replica:

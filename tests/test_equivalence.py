@@ -1,41 +1,22 @@
-"""The update rule, strategy by strategy: with dropout 0 and unequal batches (40 + 24), the first
-synchronous update of every distributed strategy equals one single-device step on the union batch."""
+"""The update rule, strategy by strategy (every registered synchronous one): with dropout 0 and
+unequal batches (40 + 24), the first update equals one single-device step on the union batch."""
+
 import pytest
-import ray
 import torch
 
-from hetbench.strategies.dask_sync import DaskSync
-from hetbench.strategies.ray_ps import RayParameterServer
-from hetbench.strategies.ray_train_gloo import RayTrainGloo
-from hetbench.strategies.single import Single
-from tests.conftest import small_config
-
-UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
+from helpers import UNEQUAL, check_first_update_is_the_union_batch_step, registered, small_config
+from hetbench.strategies import registry
+from hetbench.strategies.parameter_server import ParameterServerDriver
 
 
-def first_update(strategy_cls, cfg) -> torch.Tensor:
-    strategy = strategy_cls(cfg)
-    try:
-        strategy.start()
-        strategy.reset(cfg["seed"])
-        strategy.step(0)
-        return strategy.weights()
-    finally:
-        strategy.close()
+@pytest.mark.parametrize("name", registered(lambda cls: cls.distributed and cls.synchronous))
+def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path, name):
+    check_first_update_is_the_union_batch_step(tmp_path, name)
 
 
-@pytest.mark.parametrize("strategy_cls", [RayParameterServer, RayTrainGloo, DaskSync])
-def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path, strategy_cls):
-    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1")
-    expected = first_update(Single, cfg)
-    got = first_update(strategy_cls, cfg)
-    assert not ray.is_initialized()  # close() shut any private Ray instance down
-    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
-
-
-@pytest.mark.parametrize("strategy_cls", [RayParameterServer, DaskSync])
-def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, strategy_cls):
-    strategy = strategy_cls(small_config(tmp_path, UNEQUAL, "dropout=0"))
+@pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
+def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, name):
+    strategy = registry.load(name)(small_config(tmp_path, UNEQUAL, "dropout=0"))
     try:
         strategy.start()
         trained = []

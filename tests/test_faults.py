@@ -1,4 +1,5 @@
 """Faults: a worker killed mid-run (for real) and the run going on with the survivors."""
+
 import json
 import os
 import signal
@@ -7,11 +8,11 @@ import time
 import pytest
 import torch
 
-from hetbench.strategies.dask_sync import DaskSync
+from helpers import check_a_killed_worker_is_survived, registered, small_config
 from hetbench.errors import UserError
-from hetbench.strategies.ray_ps import RayParameterServer
 from hetbench.runner import faults_for, run
-from tests.conftest import small_config
+from hetbench.strategies import registry
+from hetbench.strategies.parameter_server import ParameterServerDriver
 
 TWO = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
 KILL_SMALL = "faults=[{at_step: 4, kill: worker, target: small}]"
@@ -19,27 +20,25 @@ KILL_SMALL = "faults=[{at_step: 4, kill: worker, target: small}]"
 
 def faulted_run(tmp_path, strategy: str, *extra: str) -> tuple[dict, dict]:
     """single, then `strategy` losing worker 'small' at step 4 of its first repeat (dropout 0)."""
-    cfg = small_config(tmp_path, f"strategies=[single, {strategy}]", TWO, KILL_SMALL, "dropout=0", "steps=8",
-                       "warmup_steps=1", "eval_every=3", "floor.enabled=false", *extra)
+    cfg = small_config(
+        tmp_path,
+        f"strategies=[single, {strategy}]",
+        TWO,
+        KILL_SMALL,
+        "dropout=0",
+        "steps=8",
+        "warmup_steps=1",
+        "eval_every=3",
+        "floor.enabled=false",
+        *extra,
+    )
     single, faulted = json.loads(run(cfg).path.read_text())
     return single, faulted
 
 
-@pytest.mark.parametrize("strategy", ["ray-ps", "dask-sync"])
-def test_a_killed_worker_leaves_the_survivor_training_on_the_whole_global_batch(tmp_path, strategy):
-    single, faulted = faulted_run(tmp_path, strategy, "repeats=2")
-    assert faulted["status"] == "ok"
-    injected, lost = faulted["events"]
-    assert injected == {"step": 4, "injected": "kill worker small"}
-    assert lost == {"step": 4, "lost": "small", "node": None, "split": {"big": 64}, "step_s": lost["step_s"]}
-    assert lost["step_s"] > 0
-    workers = {w["name"]: w for w in faulted["workers"]}
-    assert workers["small"]["lost_at_step"] == 4 and workers["big"]["batch"] == 64
-    # every step, before and after the loss, is one step on the same union batch: with dropout 0
-    # the run follows the single-device trajectory (accuracy on 500 images, one image = 0.002)
-    for a, b in zip(single["accuracy_curve"], faulted["accuracy_curve"], strict=True):
-        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
-    assert faulted["final_accuracy"] == pytest.approx(single["final_accuracy"], abs=0.001)
+@pytest.mark.parametrize("name", registered(lambda cls: cls.synchronous and cls.survives_worker_loss))
+def test_a_killed_worker_is_survived_on_the_single_device_trajectory(tmp_path, name):
+    check_a_killed_worker_is_survived(tmp_path, name)
 
 
 def test_async_goes_on_without_a_killed_worker(tmp_path):
@@ -51,17 +50,6 @@ def test_async_goes_on_without_a_killed_worker(tmp_path):
     assert faulted["final_accuracy"] > 0.3  # still learning on the survivor (chance is 0.1)
 
 
-def test_ray_train_restarts_its_group_from_the_last_state_and_records_it(tmp_path):
-    single, faulted = faulted_run(tmp_path, "ray-train-gloo", "repeats=1", "steps=12", "checkpoint_every=3")
-    assert faulted["status"] == "ok"
-    assert faulted["events"][0]["injected"] == "kill worker small"
-    restart = faulted["events"][1]
-    assert restart["restarts"] == 1 and restart["restarted_from_step"] in (3, 6, 9) and restart["step_s"] > 0
-    # the restarted group went on from rank 0's state: still the single-device trajectory (dropout 0)
-    for a, b in zip(single["accuracy_curve"], faulted["accuracy_curve"], strict=True):
-        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
-
-
 def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
     from hetbench.strategies.base import Strategy
     from hetbench.strategies.single import Single
@@ -70,27 +58,32 @@ def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
         name = "fragile"
 
     cfg = small_config(tmp_path, TWO, KILL_SMALL)
-    assert faults_for(Fragile, cfg) == ([], {"faults_skipped": "fragile does not survive a lost worker yet: "
-                                                                "faults not injected"})
+    assert faults_for(Fragile, cfg) == (
+        [],
+        {"faults_skipped": "fragile does not survive a lost worker yet: faults not injected"},
+    )
     assert faults_for(Single, cfg) == ([], {})  # the baseline has no workers to lose
 
 
-@pytest.mark.parametrize("faults,message", [
-    ("[{at_step: 4, kill: worker, target: nobody}]", "no worker is named 'nobody'"),
-    ("[{at_step: 99, kill: worker, target: small}]", "must be a step of a repeat, 0 to 7"),
-    ("[{at_step: 1, kill: planet, target: small}]", "must be one of worker"),
-    ("[{at_step: 1, target: small}]", "must be a mapping with keys at_step, kill, target"),
-    ("[{at_step: 1, kill: worker, target: small}, {at_step: 2, kill: worker, target: big}]", "kill every worker"),
-])
+@pytest.mark.parametrize(
+    "faults,message",
+    [
+        ("[{at_step: 4, kill: worker, target: nobody}]", "no worker is named 'nobody'"),
+        ("[{at_step: 99, kill: worker, target: small}]", "must be a step of a repeat, 0 to 7"),
+        ("[{at_step: 1, kill: planet, target: small}]", "must be one of worker"),
+        ("[{at_step: 1, target: small}]", "must be a mapping with keys at_step, kill, target"),
+        ("[{at_step: 1, kill: worker, target: small}, {at_step: 2, kill: worker, target: big}]", "kill every worker"),
+    ],
+)
 def test_bad_faults_are_one_sentence(tmp_path, faults, message):
     with pytest.raises(UserError, match=message):
         small_config(tmp_path, TWO, f"faults={faults}", "steps=5", "warmup_steps=3")
 
 
-@pytest.mark.parametrize("strategy_cls", [RayParameterServer, DaskSync])
-def test_a_worker_killed_while_steps_run_ahead_in_shared_memory_is_survived_without_waiting(tmp_path, strategy_cls):
+@pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
+def test_a_worker_killed_while_steps_run_ahead_in_shared_memory_is_survived_without_waiting(tmp_path, name):
     # its gradient counter never moves: the server's wait and the survivor's wait for the weights must end
-    strategy = strategy_cls(small_config(tmp_path, TWO, "dropout=0"))
+    strategy = registry.load(name)(small_config(tmp_path, TWO, "dropout=0"))
     try:
         strategy.start()
         assert [i["transport"] for i in strategy.info] == ["shared memory"] * 2 and strategy.host is not None

@@ -2,17 +2,19 @@
 
 `first_update_distributed` is the reference every strategy's equivalence test compares against.
 """
+
 import pytest
 import torch
 
-from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.gradients import FlatModel, batch_shares, combine_gradients
+from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
 BATCHES = [40, 24]
 
 
-def union_batch(n=sum(BATCHES), seed=0):
+def union_batch(n=None, seed=0):
+    n = n or sum(BATCHES)
     g = torch.Generator().manual_seed(seed)
     return torch.randn(n, 1, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
 
@@ -32,7 +34,7 @@ def worker_gradients(images, labels, batches):
     for b in batches:
         worker = FlatModel(build_model(0.0, seed=0))
         worker.zero_grad()
-        forward_backward(worker.model, images[offset:offset + b], labels[offset:offset + b])
+        forward_backward(worker.model, images[offset : offset + b], labels[offset : offset + b])
         grads.append(worker.grads.clone())
         offset += b
     return grads
@@ -52,13 +54,15 @@ def first_update_distributed(images, labels, batches, optimizer="adadelta", lr=1
 def test_optimizer_over_flat_chunks_steps_like_one_over_the_model(optimizer, lr):
     images, labels = union_batch()
     flats = [FlatModel(build_model(0.0, seed=0)) for _ in range(2)]
-    opts = [build_optimizer(flats[0].model.parameters(), optimizer, lr),
-            build_optimizer(flats[1].optimizer_params(chunk=100_000), optimizer, lr)]
+    opts = [
+        build_optimizer(flats[0].model.parameters(), optimizer, lr),
+        build_optimizer(flats[1].optimizer_params(chunk=100_000), optimizer, lr),
+    ]
     assert len(opts[1].param_groups[0]["params"]) == 12  # 1,199,882 parameters in 100,000-element chunks
     for step in range(3):
         for flat, opt in zip(flats, opts):
             flat.zero_grad()
-            forward_backward(flat.model, images[step * 16:(step + 1) * 16], labels[step * 16:(step + 1) * 16])
+            forward_backward(flat.model, images[step * 16 : (step + 1) * 16], labels[step * 16 : (step + 1) * 16])
             opt.step()
     assert not torch.equal(flats[1].params, FlatModel(build_model(0.0, seed=0)).params)  # it did train
     torch.testing.assert_close(flats[1].params, flats[0].params, rtol=0, atol=1e-6)

@@ -1,4 +1,5 @@
 """The shared-memory buffers a parameter server and the workers on its node exchange through."""
+
 import time
 from concurrent.futures import ThreadPoolExecutor
 

@@ -1,10 +1,11 @@
 """Load: eight workers (one of them emulated 2x slower) on this 2-core machine, for every strategy."""
+
 import json
 
 import pytest
 
+from helpers import small_config
 from hetbench.runner import run
-from tests.conftest import small_config
 
 EIGHT = "workers=[" + ", ".join(["{}"] * 7 + ["{slowdown: 2.0}"]) + "]"
 WORKER_PEAK_MB = 2048  # a worker holds torch, the 1.2M-parameter model and the 5,000-image sample
@@ -12,8 +13,18 @@ WORKER_PEAK_MB = 2048  # a worker holds torch, the 1.2M-parameter model and the 
 
 @pytest.mark.parametrize("strategy", ["ray-ps", "ray-ps-async", "dask-sync", "ray-train-gloo"])
 def test_eight_workers_complete_with_coherent_records_and_bounded_memory(tmp_path, strategy):
-    cfg = small_config(tmp_path, f"strategies=[{strategy}]", EIGHT, "batch_size=64", "steps=4", "warmup_steps=1",
-                       "repeats=1", "eval_every=5", "floor.enabled=false", "standalone_steps=0")
+    cfg = small_config(
+        tmp_path,
+        f"strategies=[{strategy}]",
+        EIGHT,
+        "batch_size=64",
+        "steps=4",
+        "warmup_steps=1",
+        "repeats=1",
+        "eval_every=5",
+        "floor.enabled=false",
+        "standalone_steps=0",
+    )
     (record,) = json.loads(run(cfg).path.read_text())
     assert record["status"] == "ok", record.get("reason")
     workers = record["workers"]
@@ -35,7 +46,12 @@ def test_peak_memory_is_the_process_own_not_its_parents():
 
     held = bytearray(300 * 2**20)
     held[::4096] = b"x" * len(held[::4096])  # touch every page: resident
-    child = subprocess.run([sys.executable, "-c", "from hetbench.cluster.processes import peak_rss_mb; print(peak_rss_mb())"],
-                           capture_output=True, text=True, timeout=60, check=True)
+    child = subprocess.run(
+        [sys.executable, "-c", "from hetbench.cluster.processes import peak_rss_mb; print(peak_rss_mb())"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     assert peak_rss_mb() >= 300
     assert float(child.stdout) < 200, child.stdout

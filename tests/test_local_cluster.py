@@ -1,5 +1,6 @@
 """Unequal machines on one box: a real multi-node Ray + Dask cluster, placement by label, slow workers,
 speed-proportional batches, link emulation, and nothing left running afterwards."""
+
 import json
 import os
 import signal
@@ -11,15 +12,35 @@ from pathlib import Path
 
 import pytest
 
+from helpers import REPO, assert_one_line_error, hetbench
 from hetbench.errors import UserError
-from tests.conftest import REPO
-from tests.test_cli import assert_one_line_error, hetbench
 
-UNEQUAL = ["--set", "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3}]",
-           "--set", "cluster.mode=local-multinode", "--set", "batch_size=96", "--set", "steps=4",
-           "--set", "warmup_steps=1", "--set", "repeats=1", "--set", "eval_every=5", "--set", "standalone_steps=2",
-           "--set", "download=false", "--set", "test_samples=300", "--set", "eval_samples=300",
-           "--set", "floor.iterations=5"]
+UNEQUAL = [
+    "--set",
+    "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3}]",
+    "--set",
+    "cluster.mode=local-multinode",
+    "--set",
+    "batch_size=96",
+    "--set",
+    "steps=4",
+    "--set",
+    "warmup_steps=1",
+    "--set",
+    "repeats=1",
+    "--set",
+    "eval_every=5",
+    "--set",
+    "standalone_steps=2",
+    "--set",
+    "download=false",
+    "--set",
+    "test_samples=300",
+    "--set",
+    "eval_samples=300",
+    "--set",
+    "floor.iterations=5",
+]
 
 
 def records_of(results: Path) -> list[dict]:
@@ -51,17 +72,34 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     home = tmp_path / "home"  # a stale Ray token from another install must not matter
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text("a-stale-token-from-another-install\n")
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL,
-                      "--set", "strategies=[single, ray-ps, dask-sync]", "--set", "balance=[equal, auto]",
-                      "--results-dir", str(tmp_path), env={"HOME": str(home)}, timeout=280)
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *UNEQUAL,
+        "--set",
+        "strategies=[single, ray-ps, dask-sync]",
+        "--set",
+        "balance=[equal, auto]",
+        "--results-dir",
+        str(tmp_path),
+        env={"HOME": str(home)},
+        timeout=280,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
     by_scenario = {(r["strategy"], r.get("balance")): r for r in records}
-    assert set(by_scenario) == {("single", None), ("ray-ps", "equal"), ("ray-ps", "auto"), ("dask-sync", "equal"),
-                                ("dask-sync", "auto"), ("gloo-floor", None)}
+    assert set(by_scenario) == {
+        ("single", None),
+        ("ray-ps", "equal"),
+        ("ray-ps", "auto"),
+        ("dask-sync", "equal"),
+        ("dask-sync", "auto"),
+        ("gloo-floor", None),
+    }
     assert all(r["status"] == "ok" for r in records)
     ps = by_scenario[("ray-ps", "equal")]["workers"]
-    assert ps[0]["node_id"] != ps[1]["node_id"]                      # two Ray nodes, one per label
+    assert ps[0]["node_id"] != ps[1]["node_id"]  # two Ray nodes, one per label
     dask = by_scenario[("dask-sync", "equal")]["workers"]
     assert dask[0]["dask_worker"] != dask[1]["dask_worker"]
     # only the head node's worker shares the server's memory: the mac node stands for another machine
@@ -69,7 +107,7 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert [w["transport"] for w in dask] == ["shared memory", "tcp"]
     auto = by_scenario[("ray-ps", "auto")]
     standalone = {w["name"]: w["standalone_samples_per_s"] for w in auto["workers"]}
-    assert standalone["desk"] > standalone["mac"]                   # the emulated 3x slowdown is real
+    assert standalone["desk"] > standalone["mac"]  # the emulated 3x slowdown is real
     assert sum(auto["split"]) == 96 and auto["split"][0] > auto["split"][1]
     assert by_scenario[("ray-ps", "equal")]["split"] == [48, 48]
     assert 0 < auto["scaling_efficiency"] == pytest.approx(auto["samples_per_s"] / sum(standalone.values()))
@@ -88,10 +126,29 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
 
 
 def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "hetbench", "run", "-c", "benchmarks/configs/quick.yaml",
-                             *UNEQUAL, "--set", "strategies=[single, dask-sync]", "--set", "steps=400",
-                             "--set", "standalone_steps=0", "--results-dir", str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hetbench",
+            "run",
+            "-c",
+            "benchmarks/configs/quick.yaml",
+            *UNEQUAL,
+            "--set",
+            "strategies=[single, dask-sync]",
+            "--set",
+            "steps=400",
+            "--set",
+            "standalone_steps=0",
+            "--results-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 200
         while time.monotonic() < deadline and not records_of(tmp_path):
@@ -114,8 +171,17 @@ def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
 
 
 def test_local_multinode_needs_placement_labels(tmp_path):
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "cluster.mode=local-multinode",
-                      "--set", "strategies=[ray-ps]", "--results-dir", str(tmp_path))
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        "--set",
+        "cluster.mode=local-multinode",
+        "--set",
+        "strategies=[ray-ps]",
+        "--results-dir",
+        str(tmp_path),
+    )
     assert_one_line_error(result, "needs workers with a 'node' placement label")
 
 
@@ -128,8 +194,16 @@ def test_link_emulation_without_root_is_one_clear_sentence(monkeypatch):
 
 
 def test_link_rate_is_checked_before_anything_starts(tmp_path):
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "link.rate=fast",
-                      "--results-dir", str(tmp_path))
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *UNEQUAL,
+        "--set",
+        "link.rate=fast",
+        "--results-dir",
+        str(tmp_path),
+    )
     assert_one_line_error(result, "'link.rate' must look like 100mbit")
 
 
@@ -138,8 +212,8 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs 
 
 @needs_root
 def test_an_emulated_link_caps_the_rate_and_is_removed():
-    from hetbench.floor import measure_floor
     from hetbench.cluster.netns import Link
+    from hetbench.floor import measure_floor
 
     link = Link(7, "20mbit", "t")
     try:
@@ -154,9 +228,21 @@ def test_an_emulated_link_caps_the_rate_and_is_removed():
 
 @needs_root
 def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_path):
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "link.rate=200mbit",
-                      "--set", "strategies=[ray-ps, dask-sync]", "--set", "standalone_steps=0",
-                      "--results-dir", str(tmp_path), timeout=280)
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *UNEQUAL,
+        "--set",
+        "link.rate=200mbit",
+        "--set",
+        "strategies=[ray-ps, dask-sync]",
+        "--set",
+        "standalone_steps=0",
+        "--results-dir",
+        str(tmp_path),
+        timeout=280,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
     assert [r["status"] for r in records] == ["ok", "ok", "ok"]
@@ -175,10 +261,25 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
 
 
 def test_a_killed_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path):
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "strategies=[ray-ps, dask-sync]",
-                      "--set", "steps=8", "--set", "faults=[{at_step: 3, kill: node, target: mac}]",
-                      "--set", "floor.enabled=false", "--set", "standalone_steps=0", "--results-dir", str(tmp_path),
-                      timeout=600)
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *UNEQUAL,
+        "--set",
+        "strategies=[ray-ps, dask-sync]",
+        "--set",
+        "steps=8",
+        "--set",
+        "faults=[{at_step: 3, kill: node, target: mac}]",
+        "--set",
+        "floor.enabled=false",
+        "--set",
+        "standalone_steps=0",
+        "--results-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
     assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
@@ -191,10 +292,29 @@ def test_a_killed_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs root (CI runs as root)")
 def test_a_cut_link_is_survived_and_restored_for_the_next_scenario(tmp_path):
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, "--set", "strategies=[ray-ps, dask-sync]",
-                      "--set", "steps=8", "--set", "link.rate=1gbit", "--set", "cluster.step_timeout_s=20",
-                      "--set", "faults=[{at_step: 3, kill: link, target: mac}]", "--set", "floor.enabled=false",
-                      "--set", "standalone_steps=0", "--results-dir", str(tmp_path), timeout=600)
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *UNEQUAL,
+        "--set",
+        "strategies=[ray-ps, dask-sync]",
+        "--set",
+        "steps=8",
+        "--set",
+        "link.rate=1gbit",
+        "--set",
+        "cluster.step_timeout_s=20",
+        "--set",
+        "faults=[{at_step: 3, kill: link, target: mac}]",
+        "--set",
+        "floor.enabled=false",
+        "--set",
+        "standalone_steps=0",
+        "--results-dir",
+        str(tmp_path),
+        timeout=600,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
     assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
@@ -202,8 +322,11 @@ def test_a_cut_link_is_survived_and_restored_for_the_next_scenario(tmp_path):
         assert record["events"][0]["injected"] == "kill link mac" and record["events"][0]["step"] == 3
         assert record["events"][1]["lost"] == "mac" and record["events"][1]["split"] == {"desk": 96}
     assert processes_mentioning(*cluster_addresses(records)) == []
-    assert not [n for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
-                                          check=False).stdout.split() if n.startswith("hb")]
+    assert not [
+        n
+        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout.split()
+        if n.startswith("hb")
+    ]
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -223,11 +346,17 @@ def test_the_dask_of_a_local_cluster_listens_on_loopback_only_and_idles_quietly(
     import dask
     from distributed import Client
 
-    from hetbench.config import load_config
     from hetbench.cluster.multinode import LocalMultinode
+    from hetbench.config import load_config
 
-    cfg = load_config(None, ["workers=[{name: desk, node: desktop}, {name: mac, node: mac}]",
-                             "cluster.mode=local-multinode", "download=false"])
+    cfg = load_config(
+        None,
+        [
+            "workers=[{name: desk, node: desktop}, {name: mac, node: mac}]",
+            "cluster.mode=local-multinode",
+            "download=false",
+        ],
+    )
     cluster = LocalMultinode(cfg)
     try:
         scheduler = cluster.start()["dask_scheduler"]
@@ -253,7 +382,7 @@ import sys
 from pathlib import Path
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.ray_connection import RayConnection
-from tests.conftest import LABELLED, small_config
+from helpers import LABELLED, small_config
 
 for _ in range(2):  # a new cluster each time, as for each of the benchmark suite's links and worker counts
     cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false")
@@ -269,8 +398,14 @@ for _ in range(2):  # a new cluster each time, as for each of the benchmark suit
 
 def test_one_process_joins_one_local_cluster_after_another(tmp_path):
     """Ray keeps the token a process first joined with: every cluster a process starts shares it."""
-    result = subprocess.run([sys.executable, "-c", TWO_CLUSTERS, str(tmp_path)], capture_output=True, text=True,
-                            timeout=240, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    result = subprocess.run(
+        [sys.executable, "-c", TWO_CLUSTERS, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.split("\n")[:2]
     assert [line.split()[1:] for line in lines] == [["['desktop',", "'mac']"]] * 2
@@ -279,11 +414,27 @@ def test_one_process_joins_one_local_cluster_after_another(tmp_path):
 
 def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
     """Two replicas on one single-threaded Dask worker waited on each other in shared memory for good."""
-    four = ["--set", "workers=[{name: d0, node: desktop}, {name: d1, node: desktop}, {name: m0, node: mac, slowdown: 3},"
-                     " {name: m1, node: mac, slowdown: 3}]"]
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", *UNEQUAL, *four, "--set", "strategies=[dask-sync]",
-                      "--set", "balance=[equal]", "--set", "floor.enabled=false", "--results-dir", str(tmp_path),
-                      timeout=240)
+    four = [
+        "--set",
+        "workers=[{name: d0, node: desktop}, {name: d1, node: desktop}, {name: m0, node: mac, slowdown: 3},"
+        " {name: m1, node: mac, slowdown: 3}]",
+    ]
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *UNEQUAL,
+        *four,
+        "--set",
+        "strategies=[dask-sync]",
+        "--set",
+        "balance=[equal]",
+        "--set",
+        "floor.enabled=false",
+        "--results-dir",
+        str(tmp_path),
+        timeout=240,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     (record,) = records_of(tmp_path)
     workers = record["workers"]

@@ -1,16 +1,18 @@
 """rebalance_every: the global batch re-split between steps by the speeds measured in the run."""
+
 import json
 
 import pytest
 
+from helpers import small_config
 from hetbench.balance import resplit_due, resplit_event
-from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.runner import run
-from tests.conftest import small_config
+from hetbench.strategies.base import StepTiming, Strategy
 
 
 class Splittable(Strategy):
     """Only the driver's side of a split: what Strategy.rebalance decides and hands on."""
+
     name = "splittable"
     rebalances = True
     start = reset = step = weights = worker_info = lambda *a: None
@@ -46,9 +48,19 @@ def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
 
 @pytest.mark.parametrize("name", ["dask-sync", "ray-ps", "ray-train-gloo"])
 def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name):
-    cfg = small_config(tmp_path, "name=resplit", f"strategies=[{name}]", "batch_size=64",
-                       "workers=[{name: fast}, {name: slow, slowdown: 3.0}]", "rebalance_every=4",
-                       "steps=12", "warmup_steps=2", "repeats=1", "eval_every=14", "floor.enabled=false")
+    cfg = small_config(
+        tmp_path,
+        "name=resplit",
+        f"strategies=[{name}]",
+        "batch_size=64",
+        "workers=[{name: fast}, {name: slow, slowdown: 3.0}]",
+        "rebalance_every=4",
+        "steps=12",
+        "warmup_steps=2",
+        "repeats=1",
+        "eval_every=14",
+        "floor.enabled=false",
+    )
     (record,) = json.loads(run(cfg).path.read_text())
     assert record["status"] == "ok"
     splits = [e["rebalanced"] for e in record["events"] if "rebalanced" in e]
@@ -71,9 +83,19 @@ def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(
 
 @pytest.mark.parametrize("name", ["ray-ps", "ray-train-gloo"])
 def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, name):
-    cfg = small_config(tmp_path, "name=auto", f"strategies=[{name}]", "batch_size=64", "balance=[auto]",
-                       "workers=[{name: fast}, {name: slow, slowdown: 3.0}]", "steps=4", "warmup_steps=3",
-                       "repeats=1", "eval_every=14", "floor.enabled=false")
+    cfg = small_config(
+        tmp_path,
+        "name=auto",
+        f"strategies=[{name}]",
+        "batch_size=64",
+        "balance=[auto]",
+        "workers=[{name: fast}, {name: slow, slowdown: 3.0}]",
+        "steps=4",
+        "warmup_steps=3",
+        "repeats=1",
+        "eval_every=14",
+        "floor.enabled=false",
+    )
     # speeds "measured alone" that the run contradicts: auto starts from 32/32
     (record,) = json.loads(run(cfg, standalone={"fast": 100.0, "slow": 100.0}).path.read_text())
     assert record["status"] == "ok" and record["split"] == [32, 32]
@@ -82,5 +104,7 @@ def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, 
     assert "step_s" not in event  # a re-split costs no lost step (a loss or restart event has one)
     assert event["rebalanced"]["slow"] < event["rebalanced"]["fast"]
     assert {w["name"]: w["batch"] for w in record["workers"]} == event["rebalanced"]
-    (row,) = [line for line in (tmp_path / "results" / "auto.md").read_text().splitlines() if line.startswith(f"| {name} ")]
+    (row,) = [
+        line for line in (tmp_path / "results" / "auto.md").read_text().splitlines() if line.startswith(f"| {name} ")
+    ]
     assert "| auto " in row and "re-split" not in row  # auto's own re-split is not a rebalance_every one

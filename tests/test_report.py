@@ -9,17 +9,33 @@ from hetbench.results.report import COLUMNS, markdown, rows, to_csv, write_table
 
 
 def record(strategy, samples_per_s=None, **extra):
-    return {"strategy": strategy, "status": "ok", "samples_per_s": samples_per_s,
-            "workers": [{"name": "w0", "device": "cpu", "batch": 32}], **extra}
+    return {
+        "strategy": strategy,
+        "status": "ok",
+        "samples_per_s": samples_per_s,
+        "workers": [{"name": "w0", "device": "cpu", "batch": 32}],
+        **extra,
+    }
 
 
 KNOWN = [
-    record("ray-ps", 500.0, samples_per_s_cv=0.1, step={"compute_s": 0.05, "comm_s": 0.008, "wait_s": 0.002,
-                                                       "sync_overhead_s": 0.010}, final_accuracy=0.9,
-           config={"batch_size": 64}, floor_transfers=2.0),
+    record(
+        "ray-ps",
+        500.0,
+        samples_per_s_cv=0.1,
+        step={"compute_s": 0.05, "comm_s": 0.008, "wait_s": 0.002, "sync_overhead_s": 0.010},
+        final_accuracy=0.9,
+        config={"batch_size": 64},
+        floor_transfers=2.0,
+    ),
     {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.005, "allreduce_cv": 0.2, "workers": []},
-    record("single", 1000.0, samples_per_s_cv=0.02, step={"compute_s": 0.06, "comm_s": 0.0, "wait_s": 0.0,
-                                                         "sync_overhead_s": 0.0}, final_accuracy=0.95),
+    record(
+        "single",
+        1000.0,
+        samples_per_s_cv=0.02,
+        step={"compute_s": 0.06, "comm_s": 0.0, "wait_s": 0.0, "sync_overhead_s": 0.0},
+        final_accuracy=0.95,
+    ),
     {"strategy": "dask-sync", "status": "skipped", "reason": "not installed", "workers": []},
 ]
 
@@ -33,7 +49,9 @@ def test_baseline_first_then_floor_with_relative_columns():
     assert abs(ps["sync overhead ms"] - 10.0) < 1e-9 and abs(ps["vs floor"] - 2.0) < 1e-9  # 10 ms = 2x a 5 ms floor
     assert skipped["status"] == "skipped: not installed"
     # what the floor allows a parameter server: 64 samples per (50 ms compute + 2 x a 5 ms all-reduce)
-    assert ps["floor-predicted samples/s"] == pytest.approx(64 / 0.06) and ps["vs predicted"] == pytest.approx(0.469, abs=0.001)
+    assert ps["floor-predicted samples/s"] == pytest.approx(64 / 0.06) and ps["vs predicted"] == pytest.approx(
+        0.469, abs=0.001
+    )
     assert single["floor-predicted samples/s"] is None
 
 

@@ -1,4 +1,5 @@
 """Checkpoints and --resume: an interrupted run continues where it stopped, on the same trajectory."""
+
 import json
 import signal
 import subprocess
@@ -8,22 +9,56 @@ import time
 import pytest
 import torch
 
+from helpers import REPO, UNEQUAL, assert_one_line_error, hetbench, small_config
 from hetbench.strategies.dask_sync import DaskSync
 from hetbench.strategies.single import Single
-from tests.conftest import REPO, small_config
-from tests.test_cli import assert_one_line_error, hetbench
-from tests.test_equivalence import UNEQUAL
 
-RUN = ["--set", "strategies=[single, ray-ps]", "--set", "workers=[{name: big, batch: 40}, {name: small, batch: 24}]",
-       "--set", "dropout=0", "--set", "steps=12", "--set", "warmup_steps=0", "--set", "eval_every=3",
-       "--set", "repeats=2", "--set", "checkpoint_every=3", "--set", "floor.enabled=false",
-       "--set", "download=false", "--set", "eval_samples=500", "--set", "standalone_steps=0"]
+RUN = [
+    "--set",
+    "strategies=[single, ray-ps]",
+    "--set",
+    "workers=[{name: big, batch: 40}, {name: small, batch: 24}]",
+    "--set",
+    "dropout=0",
+    "--set",
+    "steps=12",
+    "--set",
+    "warmup_steps=0",
+    "--set",
+    "eval_every=3",
+    "--set",
+    "repeats=2",
+    "--set",
+    "checkpoint_every=3",
+    "--set",
+    "floor.enabled=false",
+    "--set",
+    "download=false",
+    "--set",
+    "eval_samples=500",
+    "--set",
+    "standalone_steps=0",
+]
 
 
 def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_trajectory(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-m", "hetbench", "run", "-c", "benchmarks/configs/quick.yaml",
-                             *RUN, "--results-dir", str(tmp_path)],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hetbench",
+            "run",
+            "-c",
+            "benchmarks/configs/quick.yaml",
+            *RUN,
+            "--results-dir",
+            str(tmp_path),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not list(tmp_path.glob("checkpoints/*/ray-ps-equal.pt")):
@@ -75,8 +110,12 @@ def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls):
 
 
 def test_resume_refuses_what_it_cannot_continue(tmp_path):
-    assert_one_line_error(hetbench("run", "--resume", "nothing-like-it", "--results-dir", str(tmp_path)),
-                          "run nothing-like-it kept no checkpoints")
-    assert_one_line_error(hetbench("run", "--resume", "x", "-c", "benchmarks/configs/quick.yaml"),
-                          "--resume continues a run with the config it was started with")
+    assert_one_line_error(
+        hetbench("run", "--resume", "nothing-like-it", "--results-dir", str(tmp_path)),
+        "run nothing-like-it kept no checkpoints",
+    )
+    assert_one_line_error(
+        hetbench("run", "--resume", "x", "-c", "benchmarks/configs/quick.yaml"),
+        "--resume continues a run with the config it was started with",
+    )
     assert_one_line_error(hetbench("run"), "needs a config (-c CONFIG) or a run to continue (--resume RUN)")

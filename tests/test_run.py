@@ -1,16 +1,28 @@
 """Whole runs: the baseline learns real MNIST, records and tables land, the floor is measured."""
-import json
 
-from hetbench.strategies import registry
+import json
+import statistics
+
+import pytest
+
+from helpers import hetbench, small_config
 from hetbench.runner import run
-from tests.conftest import small_config
-from tests.test_cli import hetbench
+from hetbench.strategies import registry
 
 
 def test_baseline_learns_and_writes_records_and_tables(tmp_path, capsys):
-    cfg = small_config(tmp_path, "name=learn", "strategies=[single]", "workers=[{batch: 32}]", "steps=250",
-                       "warmup_steps=5", "repeats=1", "eval_every=50",
-                       "target_accuracy=0.6", "floor.iterations=5")
+    cfg = small_config(
+        tmp_path,
+        "name=learn",
+        "strategies=[single]",
+        "workers=[{batch: 32}]",
+        "steps=250",
+        "warmup_steps=5",
+        "repeats=1",
+        "eval_every=50",
+        "target_accuracy=0.6",
+        "floor.iterations=5",
+    )
     out = run(cfg)
     single, floor = json.loads(out.path.read_text())
     assert single["strategy"] == "single" and single["status"] == "ok"
@@ -29,10 +41,19 @@ def test_baseline_learns_and_writes_records_and_tables(tmp_path, capsys):
 
 
 def test_repeats_give_median_and_spread(tmp_path):
-    cfg = small_config(tmp_path, "strategies=[single]", "steps=3", "warmup_steps=1", "repeats=3",
-                       "floor.enabled=false", "eval_every=100")
+    cfg = small_config(
+        tmp_path,
+        "strategies=[single]",
+        "steps=3",
+        "warmup_steps=1",
+        "repeats=3",
+        "floor.enabled=false",
+        "eval_every=100",
+    )
     (record,) = json.loads(run(cfg).path.read_text())
-    assert len(record["repeat_samples_per_s"]) == 3 and record["samples_per_s_cv"] >= 0
+    rates = record["repeat_samples_per_s"]
+    assert len(rates) == 3 and record["samples_per_s"] == statistics.median(rates)
+    assert record["samples_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))
 
 
 def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys):
@@ -45,9 +66,24 @@ def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, caps
 
 
 def test_cli_run_prints_the_table_and_says_where_records_are(tmp_path):
-    result = hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "strategies=[single]",
-                      "--set", "steps=5", "--set", "repeats=1", "--set", "floor.iterations=3",
-                      "--set", "download=false", "--results-dir", str(tmp_path / "r"), timeout=200)
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        "--set",
+        "strategies=[single]",
+        "--set",
+        "steps=5",
+        "--set",
+        "repeats=1",
+        "--set",
+        "floor.iterations=3",
+        "--set",
+        "download=false",
+        "--results-dir",
+        str(tmp_path / "r"),
+        timeout=200,
+    )
     assert result.returncode == 0, result.stderr
     assert "| single" in result.stdout and "| gloo-floor" in result.stdout
     assert "records:" in result.stderr and list((tmp_path / "r" / "raw").glob("*-quick-*.json"))

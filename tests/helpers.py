@@ -1,0 +1,173 @@
+"""What the tests share: small configs, fake MNIST files, the CLI as a user runs it, and the checks
+every registered strategy must pass (tests iterate over the registry, so a new strategy is covered
+by adding it there)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetbench.config import load_config
+
+REPO = Path(__file__).resolve().parents[1]
+# The real MNIST test set: where HETBENCH_DATA_DIR points, else beside the checkout (CI's layout).
+SHARED_MNIST = Path(os.environ.get("HETBENCH_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
+
+
+def placed_workers(strategy_cls, cfg: dict, where: str) -> dict:
+    """Worker name -> `where` (node_id, dask_worker) as the strategy placed it; the strategy is closed."""
+    strategy = strategy_cls(cfg)
+    try:
+        strategy.start()
+        return {w["name"]: w[where] for w in strategy.worker_info()}
+    finally:
+        strategy.close()
+
+
+LABELLED = "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]"
+
+
+def small_config(tmp_path: Path, *overrides: str) -> dict:
+    """A resolved config that downloads nothing and writes under tmp_path."""
+    return load_config(
+        None,
+        ["download=false", "test_samples=2000", "eval_samples=500", f"results_dir={tmp_path / 'results'}", *overrides],
+    )
+
+
+def write_idx(path: Path, array: np.ndarray, magic: int | None = None, gz: bool = False) -> Path:
+    """An IDX file as published: big-endian magic, dimensions, then unsigned bytes."""
+    magic = magic if magic is not None else (2051 if array.ndim == 3 else 2049)
+    raw = struct.pack(">I", magic) + struct.pack(f">{array.ndim}I", *array.shape) + array.astype(np.uint8).tobytes()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(raw) if gz else raw)
+    return path
+
+
+def fake_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
+
+
+def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: str):
+    """Run `single` then `name`, whose step 3 starts by `kill(strategy)`; returns the failure and the
+    records the run kept."""
+    from hetbench.errors import RunFailed
+    from hetbench.runner import run
+
+    step = strategy_cls.step
+
+    def step_then_kill(self, n, then=None):
+        if n == 3:
+            kill(self)
+        return step(self, n, then)
+
+    monkeypatch.setattr(strategy_cls, "step", step_then_kill)
+    cfg = small_config(
+        tmp_path,
+        "name=killed",
+        f"strategies=[single, {name}]",
+        "workers=[{name: big, batch: 40}, {name: small, batch: 24}]",
+        "steps=6",
+        "repeats=1",
+        "floor.enabled=false",
+    )
+    with pytest.raises(RunFailed) as failure:
+        run(cfg)
+    records = json.loads(next((tmp_path / "results" / "raw").glob("*-killed-*.json")).read_text())
+    return str(failure.value), records
+
+
+UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
+
+
+def first_update(strategy_cls, cfg) -> torch.Tensor:
+    strategy = strategy_cls(cfg)
+    try:
+        strategy.start()
+        strategy.reset(cfg["seed"])
+        strategy.step(0)
+        return strategy.weights()
+    finally:
+        strategy.close()
+
+
+def hetbench(*args, env=None, timeout=120):
+    env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "hetbench", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
+    )
+
+
+def assert_one_line_error(result, pattern):
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("notice:")]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("hetbench: error: ") and "Traceback" not in result.stderr
+    assert pattern in lines[0], lines[0]
+
+
+def registered(wanted) -> list[str]:
+    """The registered strategies whose class `wanted(cls)` accepts: tests iterate over these."""
+    from hetbench.strategies import registry
+
+    return [name for name in registry.STRATEGIES if wanted(registry.load(name))]
+
+
+def check_first_update_is_the_union_batch_step(tmp_path: Path, name: str) -> None:
+    """With dropout 0 and unequal batches (40 + 24), the first synchronous update equals one
+    single-device step on the union batch, and close() leaves no Ray running."""
+    import ray
+
+    from hetbench.strategies import registry
+
+    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1")
+    expected = first_update(registry.load(registry.BASELINE), cfg)
+    got = first_update(registry.load(name), cfg)
+    assert not ray.is_initialized()
+    assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
+def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
+    """`single`, then `name` losing worker 'small' for real at step 4 (dropout 0): the run goes on, the
+    loss is recorded, and every step before and after it is one step on the same union batch, so
+    the run follows the single-device trajectory. Returns the strategy's record."""
+    from hetbench.runner import run
+
+    cfg = small_config(
+        tmp_path,
+        f"strategies=[single, {name}]",
+        UNEQUAL,
+        "dropout=0",
+        "steps=12",
+        "faults=[{at_step: 4, kill: worker, target: small}]",
+        "warmup_steps=1",
+        "eval_every=3",
+        "floor.enabled=false",
+        "repeats=1",
+        "checkpoint_every=3",
+    )
+    single, faulted = json.loads(run(cfg).path.read_text())
+    assert faulted["status"] == "ok", faulted.get("reason")
+    injected, went_on = faulted["events"][:2]
+    assert injected == {"step": 4, "injected": "kill worker small"} and went_on["step_s"] > 0
+    if "lost" in went_on:  # the survivor went on at once, with the lost worker's samples
+        assert went_on == {"step": 4, "lost": "small", "node": None, "split": {"big": 64}, "step_s": went_on["step_s"]}
+        workers = {w["name"]: w for w in faulted["workers"]}
+        assert workers["small"]["lost_at_step"] == 4 and workers["big"]["batch"] == 64
+    else:  # the group restarted from the last state it kept (every checkpoint_every steps)
+        assert went_on["restarts"] == 1 and went_on["restarted_from_step"] == 3
+    # accuracy on 500 images: one image is 0.002
+    for a, b in zip(single["accuracy_curve"], faulted["accuracy_curve"], strict=True):
+        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
+    assert faulted["final_accuracy"] == pytest.approx(single["final_accuracy"], abs=0.001)
+    return faulted

@@ -1,0 +1,72 @@
+"""The registry is the list every strategy test iterates over: a new strategy is one module and one
+registry line, and it is then covered by the runner, equivalence, lost-worker and placement checks."""
+
+import json
+import time
+
+import pytest
+import ray
+
+from helpers import (
+    check_a_killed_worker_is_survived,
+    check_first_update_is_the_union_batch_step,
+    registered,
+    small_config,
+)
+from hetbench.errors import UserError
+from hetbench.runner import run
+from hetbench.strategies import registry
+
+# A whole strategy, as a user would add one: ray-ps with every buffer through Ray's object store.
+OBJECT_STORE_ONLY = """
+from hetbench.strategies.ray_ps import RayParameterServer
+
+
+class ObjectStoreOnly(RayParameterServer):
+    name = "ray-ps-object-store"
+    uses_host_memory = False
+"""
+
+
+def test_a_strategy_in_one_new_file_and_one_registry_line_runs_every_check(tmp_path, monkeypatch):
+    (tmp_path / "plugin").mkdir()
+    (tmp_path / "plugin" / "object_store_only.py").write_text(OBJECT_STORE_ONLY)
+    monkeypatch.syspath_prepend(str(tmp_path / "plugin"))
+    monkeypatch.setitem(registry.STRATEGIES, "ray-ps-object-store", "object_store_only:ObjectStoreOnly")
+    check_first_update_is_the_union_batch_step(tmp_path / "equivalence", "ray-ps-object-store")
+    record = check_a_killed_worker_is_survived(tmp_path / "faults", "ray-ps-object-store")
+    assert [w["transport"] for w in record["workers"]] == ["object store"] * 2
+    cfg = small_config(
+        tmp_path / "run",
+        "strategies=[single, ray-ps-object-store]",
+        "steps=3",
+        "repeats=1",
+        "workers=[{name: a}, {name: b}]",
+        "floor.enabled=false",
+    )
+    records = json.loads(run(cfg).path.read_text())
+    assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("ray-ps-object-store", "ok")]
+
+
+def test_an_unknown_strategy_is_refused_listing_the_registered_ones():
+    with pytest.raises(UserError, match="unknown strategy 'horovod'; available: single, ray-ps, ray-ps-async"):
+        registry.load("horovod")
+
+
+@pytest.mark.parametrize("name", registered(lambda cls: cls.distributed))
+def test_a_label_no_node_has_fails_fast_naming_it(tmp_path, name, two_nodes, labelled_cluster):
+    cluster, _ = two_nodes
+    cfg = small_config(
+        tmp_path,
+        f"cluster.ray_address={cluster.address}",
+        "workers=[{node: laptop}]",
+        f"cluster.dask_scheduler={labelled_cluster.scheduler_address}",
+    )
+    strategy = registry.load(name)(cfg)
+    started = time.monotonic()
+    try:
+        with pytest.raises(UserError, match="advertises placement label 'laptop'"):
+            strategy.start()
+    finally:
+        strategy.close()
+    assert time.monotonic() - started < 60 and not ray.is_initialized()
