@@ -5,18 +5,19 @@
 Rounds alternate plain / hetbench (ABBA) so machine drift hits both alike; prints median step
 time and spread of each and their ratio (the target is within 3%).
 """
+
 from __future__ import annotations
 
 import argparse
 
 import torch
 
-from hetbench.strategies.base import step_indices
 from hetbench.clock import cv, median, now
 from hetbench.config import load_config
 from hetbench.data import cached_mnist
 from hetbench.devices import resolve_device
 from hetbench.results.records import environment
+from hetbench.strategies.base import step_indices
 from hetbench.strategies.single import Single
 from hetbench.workload import build_model, build_optimizer, loss_fn
 
@@ -57,13 +58,17 @@ def main() -> None:
     images, labels = cached_mnist(cfg)[0].tensors(device)
     plain, ours = [], []
     for r in range(args.rounds):  # ABBA order: neither loop always runs first
-        pair = [lambda: plain.append(median(plain_loop(images, labels, args.batch, args.steps, device, cfg)[5:])),
-                lambda: ours.append(median(hetbench_single(cfg, args.steps)[5:]))]
+        pair = [
+            lambda: plain.append(median(plain_loop(images, labels, args.batch, args.steps, device, cfg)[5:])),
+            lambda: ours.append(median(hetbench_single(cfg, args.steps)[5:])),
+        ]
         for measure in pair if r % 2 == 0 else pair[::-1]:
             measure()
     env = environment()
-    print(f"device {device}, batch {args.batch}, {args.rounds} rounds x {args.steps - 5} timed steps; "
-          f"torch {env['versions']['torch']}, {env['cpu_count']} CPUs, commit {env['git_commit']}")
+    print(
+        f"device {device}, batch {args.batch}, {args.rounds} rounds x {args.steps - 5} timed steps; "
+        f"torch {env['versions']['torch']}, {env['cpu_count']} CPUs, commit {env['git_commit']}"
+    )
     print(f"{'loop':<18}{'median step ms':>16}{'CV':>8}{'samples/s':>12}")
     for name, values in (("plain PyTorch", plain), ("hetbench single", ours)):
         m = median(values)

@@ -6,6 +6,7 @@
 The JSON lands in results/raw/benchmark-<time>.json unless --benchmark-json says otherwise;
 `pytest-benchmark compare results/raw/benchmark-*.json` compares runs.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,12 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser):
-    parser.addoption("--bench-mode", choices=("short", "full"), default="short",
-                     help="short: the CI-sized scenario set; full: every strategy, link and worker count")
+    parser.addoption(
+        "--bench-mode",
+        choices=("short", "full"),
+        default="short",
+        help="short: the CI-sized scenario set; full: every strategy, link and worker count",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -44,6 +49,7 @@ def clusters():
 
     current: dict = {}
     with contextlib.ExitStack() as stack:
+
         def get(cfg: dict, key: tuple):
             if current.get("key") != key:
                 if "stack" in current:
@@ -51,4 +57,5 @@ def clusters():
                 inner = stack.enter_context(contextlib.ExitStack())
                 current.update(key=key, stack=inner, value=inner.enter_context(cluster_for_run(cfg)))
             return current["value"]
+
         yield get

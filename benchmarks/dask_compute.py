@@ -6,6 +6,7 @@ Rows: a plain process (the baseline's compute), a Dask worker as its nanny start
 (MALLOC_TRIM_THRESHOLD_=65536), and a Dask worker after hetbench's keep_freed_memory().
 The target is the fixed Dask row within 10% of the plain one.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,15 +48,26 @@ def main() -> None:
     args = ap.parse_args()
     rows = {"plain process": [], "dask worker, as started": [], "dask worker, hetbench fix": []}
     # One worker per place, so the unfixed worker never inherits the fix.
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                      dashboard_address=None, silence_logs=logging.ERROR) as cluster, Client(cluster) as client:
+    with (
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        ) as cluster,
+        Client(cluster) as client,
+    ):
         as_started, fixed = sorted(dask_workers(client))
         for _ in range(args.rounds):
             rows["plain process"].append(compute_ms(args.batch, args.steps, fixed=False))
             rows["dask worker, as started"].append(
-                client.submit(compute_ms, args.batch, args.steps, False, workers=[as_started], pure=False).result())
+                client.submit(compute_ms, args.batch, args.steps, False, workers=[as_started], pure=False).result()
+            )
             rows["dask worker, hetbench fix"].append(
-                client.submit(compute_ms, args.batch, args.steps, True, workers=[fixed], pure=False).result())
+                client.submit(compute_ms, args.batch, args.steps, True, workers=[fixed], pure=False).result()
+            )
     plain = median(rows["plain process"])
     print(f"forward+backward, batch {args.batch}, 1 thread, {args.rounds} rounds")
     print(f"{'where':<28}{'median ms':>10}{'CV':>8}{'vs plain':>10}")

@@ -9,6 +9,7 @@ per worker map one file: a worker waits for weights version s, computes, leaves 
 counter, sums, steps the optimizer, sets the version. Sync overhead =
 step time - slowest compute, as in the tables, beside the gloo floor measured in the same run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,15 +20,15 @@ import time
 
 import torch
 
-from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.clock import cv, median
 from hetbench.config import load_config
 from hetbench.data import cached_mnist
 from hetbench.devices import keep_freed_memory
 from hetbench.floor import measure_floor
 from hetbench.gradients import FlatModel, batch_shares, count_parameters, weighted_sum
-from hetbench.transport.host_memory import HostBuffers
 from hetbench.results.records import environment
+from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
 TIMINGS = 16  # bytes per worker: start and end of its last compute (float64 perf_counter, one clock here)
@@ -36,21 +37,28 @@ LIMIT_S = 60.0  # a hand-off this late means a process of the benchmark died
 
 
 def timings(path: str, slots: int) -> torch.Tensor:
-    return torch.from_file(path, shared=True, size=TIMINGS * slots, dtype=torch.uint8).view(torch.float64).view(slots, 2)
+    return (
+        torch.from_file(path, shared=True, size=TIMINGS * slots, dtype=torch.uint8).view(torch.float64).view(slots, 2)
+    )
 
 
 def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
     torch.set_num_threads(1)  # two workers on two cores, as workers_per_host gives them in local mode
     keep_freed_memory()
     batches = [w["batch"] for w in cfg["workers"]]
-    shared, computes = HostBuffers.attach(paths[0], cfg["numel"], len(batches), LIMIT_S), timings(paths[1], len(batches))
+    shared, computes = (
+        HostBuffers.attach(paths[0], cfg["numel"], len(batches), LIMIT_S),
+        timings(paths[1], len(batches)),
+    )
     flat = FlatModel(build_model(cfg["dropout"], cfg["seed"]))
     images, labels = cached_mnist(cfg, announce=False)[0].tensors(torch.device("cpu"))
     share = batch_shares(batches)[rank]
     for step in range(steps):
         shared.wait_weights(step)
         flat.load_params(shared.weights)
-        index = torch.from_numpy(worker_slice(step_indices(len(labels), cfg["batch_size"], cfg["seed"], step), batches, rank))
+        index = torch.from_numpy(
+            worker_slice(step_indices(len(labels), cfg["batch_size"], cfg["seed"], step), batches, rank)
+        )
         start = time.perf_counter()
         flat.zero_grad()
         forward_backward(flat.model, images[index], labels[index])
@@ -70,8 +78,10 @@ def server_round(cfg: dict, steps: int, warmup: int) -> list[tuple[float, float,
     try:
         flat = FlatModel(build_model(cfg["dropout"], cfg["seed"]), shared.weights)
         optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
-        procs = [mp.get_context("spawn").Process(target=worker, args=(cfg, r, (shared.path, timings_path), steps))
-                 for r in range(slots)]
+        procs = [
+            mp.get_context("spawn").Process(target=worker, args=(cfg, r, (shared.path, timings_path), steps))
+            for r in range(slots)
+        ]
         for p in procs:
             p.start()
         timed, last = [], None
@@ -81,7 +91,9 @@ def server_round(cfg: dict, steps: int, warmup: int) -> list[tuple[float, float,
             updating = time.perf_counter()
             weighted_sum([shared.gradient(s) for s in range(slots)], [1.0] * slots, out=flat.grads)
             optimizer.step()
-            ended = time.perf_counter()  # the new weights are there: woken workers may start before we read a clock again
+            ended = (
+                time.perf_counter()
+            )  # the new weights are there: woken workers may start before we read a clock again
             shared.publish_weights(step + 1)
             if last is not None and step >= warmup:
                 slowest = float((computes[:, 1] - computes[:, 0]).max())
@@ -115,11 +127,15 @@ def main() -> None:
     steps, overheads, updates = (median([median([t[i] for t in r]) for r in rounds]) for i in range(3))
     per_round = [median([t[1] for t in r]) for r in rounds]
     env = environment()
-    print(f"batches {args.batches}, {args.rounds} rounds x {args.steps} timed steps; torch {env['versions']['torch']}, "
-          f"{env['cpu_count']} CPUs, commit {env['git_commit']}")
-    print(f"step {steps * 1e3:.1f} ms ({sum(args.batches) / steps:.0f} samples/s); sync overhead "
-          f"{overheads * 1e3:.2f} ms (rounds {', '.join(f'{o * 1e3:.2f}' for o in per_round)}; CV {cv(per_round):.0%}), "
-          f"of which the server's update {updates * 1e3:.2f} ms")
+    print(
+        f"batches {args.batches}, {args.rounds} rounds x {args.steps} timed steps; torch {env['versions']['torch']}, "
+        f"{env['cpu_count']} CPUs, commit {env['git_commit']}"
+    )
+    print(
+        f"step {steps * 1e3:.1f} ms ({sum(args.batches) / steps:.0f} samples/s); sync overhead "
+        f"{overheads * 1e3:.2f} ms (rounds {', '.join(f'{o * 1e3:.2f}' for o in per_round)}; CV {cv(per_round):.0%}), "
+        f"of which the server's update {updates * 1e3:.2f} ms"
+    )
     print(f"gloo-floor {floor * 1e3:.2f} ms: overhead {overheads / floor:.2f}x the floor (the issues' target <= 1.5x)")
 
 

@@ -5,6 +5,7 @@ Scenarios: equal vs auto-balanced batches; loopback vs an emulated 100 Mbit/s li
 startup outside the timing. `extra_info` carries samples/s and the step breakdown, so the JSON
 alone answers "which strategy pays here". The `gloo-floor` benchmark is the reference of each link.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -12,21 +13,36 @@ import os
 
 import pytest
 
-from hetbench.strategies.base import StepTiming
-from hetbench.clock import median
 from hetbench.balance import balanced
+from hetbench.clock import median
 from hetbench.config import load_config
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import count_parameters
+from hetbench.strategies.base import StepTiming
 from hetbench.strategies.registry import BASELINE, load
 from hetbench.workload import Net
 
 MODES = {  # what each --bench-mode covers; the full set is the issue's matrix
-    "short": {"strategies": ["single", "ray-ps", "dask-sync"], "balance": ["equal", "auto"], "links": [None],
-              "workers": [2], "batch_size": 64, "rounds": 4, "warmup": 1, "standalone_steps": 2},
-    "full": {"strategies": ["single", "ray-ps", "ray-ps-async", "ray-train-gloo", "dask-sync"],
-             "balance": ["equal", "auto"], "links": [None, "100mbit"], "workers": [2, 4], "batch_size": 256,
-             "rounds": 20, "warmup": 3, "standalone_steps": 10},
+    "short": {
+        "strategies": ["single", "ray-ps", "dask-sync"],
+        "balance": ["equal", "auto"],
+        "links": [None],
+        "workers": [2],
+        "batch_size": 64,
+        "rounds": 4,
+        "warmup": 1,
+        "standalone_steps": 2,
+    },
+    "full": {
+        "strategies": ["single", "ray-ps", "ray-ps-async", "ray-train-gloo", "dask-sync"],
+        "balance": ["equal", "auto"],
+        "links": [None, "100mbit"],
+        "workers": [2, 4],
+        "batch_size": 256,
+        "rounds": 20,
+        "warmup": 3,
+        "standalone_steps": 10,
+    },
 }
 
 
@@ -36,26 +52,47 @@ def scenarios(mode: str) -> list:
     root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs root (network namespaces, tc)")
     for link, n in itertools.product(m["links"], m["workers"]):
         where = f"{link or 'loopback'}-{n}w"
-        rows = [(FLOOR_NAME, None)] + [(name, balance) for name in m["strategies"]
-                                       for balance in ([None] if name == BASELINE else m["balance"])]
-        out += [pytest.param(link, n, name, balance, marks=[root] if link else [],
-                             id=f"{where}-{name}" + (f"-{balance}" if balance else "")) for name, balance in rows]
+        rows = [(FLOOR_NAME, None)] + [
+            (name, balance) for name in m["strategies"] for balance in ([None] if name == BASELINE else m["balance"])
+        ]
+        out += [
+            pytest.param(
+                link,
+                n,
+                name,
+                balance,
+                marks=[root] if link else [],
+                id=f"{where}-{name}" + (f"-{balance}" if balance else ""),
+            )
+            for name, balance in rows
+        ]
     return out
 
 
 def pytest_generate_tests(metafunc):
     if "strategy_name" in metafunc.fixturenames:
-        metafunc.parametrize("link,n_workers,strategy_name,balance",
-                             scenarios(metafunc.config.getoption("--bench-mode")))
+        metafunc.parametrize(
+            "link,n_workers,strategy_name,balance", scenarios(metafunc.config.getoption("--bench-mode"))
+        )
 
 
 def scenario_config(m: dict, link: str | None, n: int) -> dict:
     """n workers on two labelled nodes (desktop first), the last one emulated 3x slower."""
-    workers = ", ".join(f"{{name: w{i}, node: {'desktop' if i < (n + 1) // 2 else 'mac'}"
-                        + (", slowdown: 3.0}" if i == n - 1 else "}") for i in range(n))
-    return load_config(None, [f"workers=[{workers}]", "cluster.mode=local-multinode",
-                              f"link.rate={link or 'null'}", f"batch_size={m['batch_size']}",
-                              f"standalone_steps={m['standalone_steps']}", "download=false"])
+    workers = ", ".join(
+        f"{{name: w{i}, node: {'desktop' if i < (n + 1) // 2 else 'mac'}" + (", slowdown: 3.0}" if i == n - 1 else "}")
+        for i in range(n)
+    )
+    return load_config(
+        None,
+        [
+            f"workers=[{workers}]",
+            "cluster.mode=local-multinode",
+            f"link.rate={link or 'null'}",
+            f"batch_size={m['batch_size']}",
+            f"standalone_steps={m['standalone_steps']}",
+            "download=false",
+        ],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +106,7 @@ def standalone():
         if key not in cache:
             cache[key] = speeds(measure_standalone(cfg))
         return cache[key]
+
     return get
 
 
@@ -79,12 +117,18 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     benchmark.extra_info.update(strategy=strategy_name, balance=balance, link=link or "loopback", workers=n_workers)
     if strategy_name == FLOOR_NAME:
         figures = {}
-        benchmark.pedantic(lambda: figures.update(measure_floor(count_parameters(Net()), 10, 120.0, emulated_link)),
-                           rounds=1, iterations=1)
+        benchmark.pedantic(
+            lambda: figures.update(measure_floor(count_parameters(Net()), 10, 120.0, emulated_link)),
+            rounds=1,
+            iterations=1,
+        )
         benchmark.extra_info.update(allreduce_ms=figures["allreduce_s"] * 1000, allreduce_cv=figures["allreduce_cv"])
         return
-    cfg = cluster_cfg if balance is None else balanced(cluster_cfg, balance, standalone(cluster_cfg, key)
-                                                       if balance == "auto" else None)
+    cfg = (
+        cluster_cfg
+        if balance is None
+        else balanced(cluster_cfg, balance, standalone(cluster_cfg, key) if balance == "auto" else None)
+    )
     strategy = load(strategy_name)(cfg)
     timings: list[StepTiming] = []
     try:
@@ -105,9 +149,11 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
         strategy.close()
     benchmark.extra_info.update(
         samples_per_s=cfg["batch_size"] / median([t.total_s for t in timings]),
-        step_ms={part: 1000 * median([getattr(t, part) if part != "compute_s" else max(t.compute_s.values())
-                                      for t in timings])
-                 for part in ("compute_s", "comm_s", "wait_s", "sync_overhead_s")},
+        step_ms={
+            part: 1000
+            * median([getattr(t, part) if part != "compute_s" else max(t.compute_s.values()) for t in timings])
+            for part in ("compute_s", "comm_s", "wait_s", "sync_overhead_s")
+        },
         split=[w["batch"] for w in workers],
         emulated={w["name"]: f"slowed {w['slowdown']:g}x" for w in workers if w.get("slowdown", 1.0) > 1.0},
     )

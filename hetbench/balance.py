@@ -1,5 +1,6 @@
 """How the global batch is split among workers: once per scenario (equal, proportional, auto) and
 again during a run by the speeds the workers show (auto's end of warm-up, rebalance_every)."""
+
 from __future__ import annotations
 
 import copy

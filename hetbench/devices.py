@@ -1,4 +1,5 @@
 """Where math runs. Strategies never branch on device type; they call these."""
+
 from __future__ import annotations
 
 import ctypes
@@ -36,7 +37,9 @@ def resolve_device(spec: str = AUTO) -> torch.device:
     if device.type == "cuda":
         index = device.index or 0
         if index >= torch.cuda.device_count():
-            raise UserError(f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})")
+            raise UserError(
+                f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})"
+            )
         return torch.device("cuda", index)
     if device.type == "mps" and not _mps_available():
         raise UserError(f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})")
@@ -76,5 +79,5 @@ def keep_freed_memory() -> None:
     except OSError:  # not glibc (macOS, musl): nothing to undo
         return
     m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 32 * 2**20)   # glibc's largest; allocations below it reuse the heap
+    libc.mallopt(m_mmap_threshold, 32 * 2**20)  # glibc's largest; allocations below it reuse the heap
     libc.mallopt(m_trim_threshold, 256 * 2**20)  # return memory only past this much free at the top

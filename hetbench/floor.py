@@ -6,6 +6,7 @@ emulated remote node's namespace, so the floor is what that link allows.
 
 Run as `python -m hetbench.floor RANK MASTER_IP PORT NUMEL ITERATIONS TIMEOUT_S`: prints JSON.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: i
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s)
+    )
     try:
         buffer = torch.randn(numel)
         times = []
@@ -56,9 +58,16 @@ def measure_floor(numel: int, iterations: int, timeout_s: float, link=None) -> d
     args = [master, str(free_port(master)), str(numel), str(iterations), str(timeout_s)]
     prefixes = [[], link.prefix() if link else []]
     envs = [{**os.environ, **(link.gloo_env(inside=rank == 1) if link else {})} for rank in range(2)]
-    procs = [subprocess.Popen([*prefix, sys.executable, "-m", "hetbench.floor", str(rank), *args],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for rank, (prefix, env) in enumerate(zip(prefixes, envs))]
+    procs = [
+        subprocess.Popen(
+            [*prefix, sys.executable, "-m", "hetbench.floor", str(rank), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank, (prefix, env) in enumerate(zip(prefixes, envs))
+    ]
     try:
         outputs = [p.communicate(timeout=timeout_s) for p in procs]
     except subprocess.TimeoutExpired:
@@ -74,9 +83,14 @@ def measure_floor(numel: int, iterations: int, timeout_s: float, link=None) -> d
     times = [json.loads(out) for out, _ in outputs]
     # A collective ends when the slower rank has its result: take the max per iteration.
     per_iteration = [max(a, b) for a, b in zip(*times)]
-    return {"allreduce_s": median(per_iteration), "allreduce_cv": cv(per_iteration),
-            "numel": numel, "bytes": numel * 4, "iterations": iterations,
-            "link": {"rate": link.rate} if link else None}
+    return {
+        "allreduce_s": median(per_iteration),
+        "allreduce_cv": cv(per_iteration),
+        "numel": numel,
+        "bytes": numel * 4,
+        "iterations": iterations,
+        "link": {"rate": link.rate} if link else None,
+    }
 
 
 if __name__ == "__main__":

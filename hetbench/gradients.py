@@ -1,4 +1,5 @@
 """How gradients and weights travel: one flat float32 buffer each, and the one synchronous update rule."""
+
 from __future__ import annotations
 
 import warnings
@@ -27,8 +28,8 @@ class FlatModel:
         offset = 0
         for p in params:
             n = p.numel()
-            p.data = self.params[offset:offset + n].view_as(p)
-            p.grad = self.grads[offset:offset + n].view_as(p)
+            p.data = self.params[offset : offset + n].view_as(p)
+            p.grad = self.grads[offset : offset + n].view_as(p)
             offset += n
 
     def optimizer_params(self, chunk: int = 2**18) -> list[torch.Tensor]:
@@ -40,8 +41,8 @@ class FlatModel:
         """
         chunks = []
         for start in range(0, self.params.numel(), chunk):
-            param = nn.Parameter(self.params[start:start + chunk])  # shares the flat buffer's memory
-            param.grad = self.grads[start:start + chunk]
+            param = nn.Parameter(self.params[start : start + chunk])  # shares the flat buffer's memory
+            param.grad = self.grads[start : start + chunk]
             chunks.append(param)
         return chunks
 
@@ -56,8 +57,9 @@ class FlatModel:
         self.grads.copy_(flat, non_blocking=True)
 
 
-def combine_gradients(grads: Sequence[torch.Tensor], samples: Sequence[int],
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+def combine_gradients(
+    grads: Sequence[torch.Tensor], samples: Sequence[int], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """The synchronous update rule: the sample-weighted mean of the workers' mean-loss gradients.
 
     Each worker's gradient is d(mean loss over its b_i samples); weighting by b_i / sum(b)
@@ -68,8 +70,9 @@ def combine_gradients(grads: Sequence[torch.Tensor], samples: Sequence[int],
     return weighted_sum(grads, batch_shares(samples), out)
 
 
-def weighted_sum(grads: Sequence[torch.Tensor], weights: Sequence[float],
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+def weighted_sum(
+    grads: Sequence[torch.Tensor], weights: Sequence[float], out: torch.Tensor | None = None
+) -> torch.Tensor:
     """sum(w_i * g_i) in one output buffer, no temporaries beyond it."""
     combined = torch.mul(grads[0], weights[0], out=out)
     for grad, w in zip(grads[1:], weights[1:]):

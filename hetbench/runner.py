@@ -1,4 +1,5 @@
 """One `hetbench run`: every strategy in the config, the gloo floor, records and tables."""
+
 from __future__ import annotations
 
 import logging
@@ -9,22 +10,22 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from hetbench.strategies import registry
-from hetbench.strategies.base import StepTiming, Strategy
-from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
-from hetbench.clock import cv, median, now
 from hetbench.balance import balanced, resplit_due
+from hetbench.clock import cv, median, now
+from hetbench.cluster.joined import wait_for_workers
+from hetbench.cluster.multinode import cluster_for_run
+from hetbench.cluster.processes import peak_rss_mb
 from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import FlatModel, count_parameters
-from hetbench.cluster.joined import wait_for_workers
-from hetbench.cluster.multinode import cluster_for_run
-from hetbench.cluster.processes import peak_rss_mb
+from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.records import RecordFile, environment, redacted
-from hetbench.strategies.registry import BASELINE
 from hetbench.results.report import alone, markdown, write_tables
 from hetbench.standalone import measure_standalone, speeds
+from hetbench.strategies import registry
+from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.strategies.registry import BASELINE
 from hetbench.workload import Net, accuracy
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,17 @@ class Evaluator:
         return accuracy(self.flat.model, self.images[:n], self.labels[:n])
 
 
-def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, bar, faults=(),
-                 save=None, resume: dict | None = None, cluster=None) -> dict:
+def train_repeat(
+    strategy: Strategy,
+    cfg: dict,
+    evaluate: Evaluator,
+    seed: int,
+    bar,
+    faults=(),
+    save=None,
+    resume: dict | None = None,
+    cluster=None,
+) -> dict:
     """Warm-up and timed steps from a fresh model (or from `resume`, a checkpoint of this repeat);
     accuracy checked every eval_every steps off the clock; `save(progress)` every checkpoint_every steps."""
     strategy.reset(seed)
@@ -89,19 +99,31 @@ def train_repeat(strategy: Strategy, cfg: dict, evaluate: Evaluator, seed: int, 
             if time_to_target is None and acc >= cfg["target_accuracy"]:
                 time_to_target = clock
         if saving:
-            save({"next_step": step + 1, "train_s": clock, "timed": timed, "curve": curve,
-                  "time_to_target_s": time_to_target, "state": strategy.state()})
+            save(
+                {
+                    "next_step": step + 1,
+                    "train_s": clock,
+                    "timed": timed,
+                    "curve": curve,
+                    "time_to_target_s": time_to_target,
+                    "state": strategy.state(),
+                }
+            )
         bar.update(1)
     timed_s = sum(t.total_s for t in timed)
-    return {"samples_per_s": cfg["batch_size"] * len(timed) / timed_s, "timed": timed, "curve": curve,
-            "time_to_target_s": time_to_target, "final_accuracy": evaluate(strategy.weights(), full=True)}
+    return {
+        "samples_per_s": cfg["batch_size"] * len(timed) / timed_s,
+        "timed": timed,
+        "curve": curve,
+        "time_to_target_s": time_to_target,
+        "final_accuracy": evaluate(strategy.weights(), full=True),
+    }
 
 
 def inject(strategy: Strategy, fault: dict, step: int, cluster=None) -> None:
     """A configured fault, for real: a worker's process, or a whole local node's processes, end now;
     the strategy's next step finds its workers lost."""
-    print(f"{strategy.name}: injecting fault at step {step}: kill {fault['kill']} '{fault['target']}'",
-          file=sys.stderr)
+    print(f"{strategy.name}: injecting fault at step {step}: kill {fault['kill']} '{fault['target']}'", file=sys.stderr)
     if fault["kill"] == "node":
         cluster.kill_node(fault["target"])
     elif fault["kill"] == "link":
@@ -133,8 +155,15 @@ def step_summary(timed: list[StepTiming]) -> dict:
     }
 
 
-def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalone: dict | None = None,
-                 checkpoints: RunCheckpoints | None = None, cluster=None) -> dict:
+def run_strategy(
+    name: str,
+    cfg: dict,
+    evaluate: Evaluator,
+    env: dict,
+    standalone: dict | None = None,
+    checkpoints: RunCheckpoints | None = None,
+    cluster=None,
+) -> dict:
     base = {"strategy": name, "config": redacted(cfg), "env": env, **scenario(name, cfg)}
     try:
         cls = registry.load(name)
@@ -163,8 +192,11 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
             for r in range(len(repeats), cfg["repeats"]):
                 save = saver(checkpoints, key, repeats) if checkpoints and cls.resumable else None
                 resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
-                repeats.append(train_repeat(strategy, cfg, evaluate, cfg["seed"] + r, bar,
-                                            faults if r == 0 else (), save, resume, cluster))
+                repeats.append(
+                    train_repeat(
+                        strategy, cfg, evaluate, cfg["seed"] + r, bar, faults if r == 0 else (), save, resume, cluster
+                    )
+                )
         workers = strategy.worker_info()
         extras = strategy.record_extras()
     finally:
@@ -180,7 +212,7 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
         compute = median([t.compute_s[w["name"]] for t in mine])
         w["compute_s"] = compute
         w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
-        w["compute_samples_per_s"] = w["batch"] / compute                      # what it could alone
+        w["compute_samples_per_s"] = w["batch"] / compute  # what it could alone
     reached = [r["time_to_target_s"] for r in repeats if r["time_to_target_s"] is not None]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     return {
@@ -207,8 +239,10 @@ def run_strategy(name: str, cfg: dict, evaluate: Evaluator, env: dict, standalon
 
 def saver(checkpoints: RunCheckpoints, key: str, done: list[dict]):
     """Saves the scenario's finished repeats and the current one's progress (model + optimizer + step)."""
+
     def save(progress: dict) -> None:
         checkpoints.save(key, {"done": [to_saved(r) for r in done], "progress": to_saved(progress)})
+
     return save
 
 
@@ -242,8 +276,10 @@ def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
     timings = {name: {"start": at_start[name], "end": at_end[name]} for name in at_start}
     for record in out.records:
         if "scaling_efficiency" in record:
-            record.update(scaling(record["strategy"], record["workers"], record["samples_per_s"], reference),
-                          standalone_timings=timings)
+            record.update(
+                scaling(record["strategy"], record["workers"], record["samples_per_s"], reference),
+                standalone_timings=timings,
+            )
     out.save()
     if line := alone(out.records).strip():
         print(line, file=sys.stderr)
@@ -251,13 +287,19 @@ def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
 
 def scenarios(cfg: dict) -> list[tuple[str, str | None]]:
     """(strategy, balance) in run order: each distributed strategy once per balance, the baseline once."""
-    return [(name, None) if name == BASELINE else (name, balance)
-            for name in cfg["strategies"] for balance in ([None] if name == BASELINE else cfg["balance"])]
+    return [
+        (name, None) if name == BASELINE else (name, balance)
+        for name in cfg["strategies"]
+        for balance in ([None] if name == BASELINE else cfg["balance"])
+    ]
 
 
 def wants_standalone(cfg: dict) -> bool:
-    return bool(cfg["standalone_steps"]) and len(cfg["workers"]) > 1 and any(
-        name != BASELINE for name in cfg["strategies"])
+    return (
+        bool(cfg["standalone_steps"])
+        and len(cfg["workers"]) > 1
+        and any(name != BASELINE for name in cfg["strategies"])
+    )
 
 
 def run_floor(cfg: dict, env: dict, link=None) -> dict:
@@ -304,8 +346,17 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                 try:
                     record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints, cluster)
                 except RunFailed as e:  # keep what failed in the records too, then end the run
-                    out.add({"strategy": name, "status": "failed", "reason": str(e), "workers": [],
-                             "config": redacted(scenario_cfg), "env": env, **scenario(name, scenario_cfg)})
+                    out.add(
+                        {
+                            "strategy": name,
+                            "status": "failed",
+                            "reason": str(e),
+                            "workers": [],
+                            "config": redacted(scenario_cfg),
+                            "env": env,
+                            **scenario(name, scenario_cfg),
+                        }
+                    )
                     raise
                 record["cluster_startup_s"] = cluster_startup_s
                 out.add(record)

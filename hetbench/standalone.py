@@ -7,6 +7,7 @@ threads it gets in the run (on one box the emulated machines
 share the cores). `hetbench run` times them at its start (auto's split) and again at its end: a
 shared machine drifts over a run, and the reference should drift with the rows it judges.
 """
+
 from __future__ import annotations
 
 from hetbench.clock import median
@@ -25,8 +26,9 @@ def measure_standalone(cfg: dict) -> dict[str, list[float]]:
         timed: dict[str, list[float]] = {w["name"]: [] for w in cfg["workers"]}
         for rank in order:
             name = cfg["workers"][rank]["name"]
-            timed[name] += workers.results([workers.call(rank, "alone", cfg["standalone_steps"], WARMUP_STEPS)],
-                                           f"timing {name} alone")
+            timed[name] += workers.results(
+                [workers.call(rank, "alone", cfg["standalone_steps"], WARMUP_STEPS)], f"timing {name} alone"
+            )
         return timed
     finally:
         workers.close()

@@ -1,4 +1,5 @@
 """The one workload every strategy trains: the PyTorch MNIST example CNN and its optimizer."""
+
 from __future__ import annotations
 
 import torch
@@ -59,7 +60,7 @@ def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch
     model.eval()
     correct = 0
     for start in range(0, len(labels), batch):
-        logits = model(images[start:start + batch])
-        correct += (logits.argmax(1) == labels[start:start + batch]).sum().item()
+        logits = model(images[start : start + batch])
+        correct += (logits.argmax(1) == labels[start : start + batch]).sum().item()
     model.train()
     return correct / max(1, len(labels))

@@ -1,5 +1,6 @@
 """The compose smoke test's checks, through the Docker SDK: the runner finished cleanly, its records
 show work on both the desktop and the mac node, the tables and plots were written, no token leaked."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,9 @@ def main() -> None:
 
     client = docker.from_env(timeout=60)
     label = f"com.docker.compose.project={args.project}"
-    services = {c.labels["com.docker.compose.service"]: c for c in client.containers.list(all=True, filters={"label": label})}
+    services = {
+        c.labels["com.docker.compose.service"]: c for c in client.containers.list(all=True, filters={"label": label})
+    }
     for name in ("ray-head", "dask-scheduler", "dask-worker", "runner"):
         if name not in services:
             fail(f"service {name} has no container (have: {', '.join(sorted(services))})")
@@ -61,8 +64,13 @@ def main() -> None:
         if not (results / table).is_file():
             fail(f"{table} was not written")
     token = os.environ.get("RAY_AUTH_TOKEN") or next(
-        (line.split("=", 1)[1] for line in (Path(args.results).parent / "ci.env").read_text().splitlines()
-         if line.startswith("RAY_AUTH_TOKEN=")), "")
+        (
+            line.split("=", 1)[1]
+            for line in (Path(args.results).parent / "ci.env").read_text().splitlines()
+            if line.startswith("RAY_AUTH_TOKEN=")
+        ),
+        "",
+    )
     if token and any(token in p.read_text() for p in results.rglob("*") if p.suffix in (".json", ".md", ".csv")):
         fail("the Ray token appears in the results")
     print(f"check_compose: ok: {len(records)} records, ray-ps and dask-sync on desktop and mac, tables written")

@@ -1,4 +1,5 @@
 """Cluster addresses: refuse one nothing answers at, fast and in one sentence."""
+
 from __future__ import annotations
 
 import socket

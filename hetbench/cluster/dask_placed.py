@@ -4,6 +4,7 @@ carrying the worker's label; the coordinator is this process.
 Actor calls go straight from the client to the worker (direct_to_workers: relayed by the
 scheduler, the overhead per step was ~40% more here).
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -45,14 +46,24 @@ class DaskPlaced(Placed):
         self.joined = bool(cluster["dask_scheduler"])
         if self.joined:
             check_reachable(cluster["dask_scheduler"], cluster["connect_timeout_s"])
-            self.client = Client(cluster["dask_scheduler"], timeout=cluster["connect_timeout_s"], direct_to_workers=True)
+            self.client = Client(
+                cluster["dask_scheduler"], timeout=cluster["connect_timeout_s"], direct_to_workers=True
+            )
         else:  # one single-threaded worker process per configured worker, on loopback, no dashboard
-            self.local = LocalCluster(n_workers=len(self.specs), threads_per_worker=1, processes=True,
-                                      host="127.0.0.1", dashboard_address=None, silence_logs=logging.CRITICAL)
+            self.local = LocalCluster(
+                n_workers=len(self.specs),
+                threads_per_worker=1,
+                processes=True,
+                host="127.0.0.1",
+                dashboard_address=None,
+                silence_logs=logging.CRITICAL,
+            )
             self.client = Client(self.local, direct_to_workers=True)
         self.addresses = self._addresses()
-        self.actors = self.results([Part(self.client.submit(role, actor=True, workers=[a], pure=False), a)
-                                    for a in self.addresses], "placing the workers")
+        self.actors = self.results(
+            [Part(self.client.submit(role, actor=True, workers=[a], pure=False), a) for a in self.addresses],
+            "placing the workers",
+        )
         self.coordinator = coordinator() if coordinator else None
 
     def setup(self) -> list[dict]:
@@ -66,8 +77,11 @@ class DaskPlaced(Placed):
         worker would take turns, and waiting in shared memory, wait on each other for good."""
         available = dask_workers(self.client)
         labels = [w["node"] if self.joined else None for w in self.specs]
-        carrying = {label: [a for a in sorted(available) if label in available[a].get("resources", {})]
-                    for label in set(labels) if label}
+        carrying = {
+            label: [a for a in sorted(available) if label in available[a].get("resources", {})]
+            for label in set(labels)
+            if label
+        }
         free, addresses = sorted(available), [None] * len(self.specs)
         for rank in sorted(range(len(labels)), key=lambda r: not labels[r]):  # labelled first
             candidates = [a for a in free if a in carrying[labels[rank]]] if labels[rank] else free
@@ -133,8 +147,12 @@ class DaskPlaced(Placed):
 
     def settled(self, handle) -> bool:
         """Whether waiting for the handle ends now: it is done, failed, or its worker is gone."""
-        return (isinstance(handle, Done) or isinstance(handle.future, Exception) or handle.future.done()
-                or not self.alive(handle.address))
+        return (
+            isinstance(handle, Done)
+            or isinstance(handle.future, Exception)
+            or handle.future.done()
+            or not self.alive(handle.address)
+        )
 
     def succeeded(self, handle) -> bool:
         try:
@@ -183,14 +201,21 @@ def _bindable(address: str) -> bool:
         return False
 
 
-def _too_few_dask_workers(label: str | None, carrying: dict[str, list[str]], labels: list,
-                          available: dict[str, dict]) -> str:
+def _too_few_dask_workers(
+    label: str | None, carrying: dict[str, list[str]], labels: list, available: dict[str, dict]
+) -> str:
     if label and not carrying[label]:
         advertised = {r for w in available.values() for r in w.get("resources", {})}
-        return (f"no Dask worker advertises placement label '{label}' "
-                f"(labels here: {', '.join(sorted(advertised)) or 'none'})")
+        return (
+            f"no Dask worker advertises placement label '{label}' "
+            f"(labels here: {', '.join(sorted(advertised)) or 'none'})"
+        )
     if label:
-        return (f"{len(carrying[label])} Dask worker(s) advertise placement label '{label}' for {labels.count(label)} "
-                "configured workers: start one single-threaded Dask worker per configured worker")
-    return (f"{len(available)} Dask worker(s) for {len(labels)} configured workers: start one single-threaded Dask "
-            "worker per configured worker")
+        return (
+            f"{len(carrying[label])} Dask worker(s) advertise placement label '{label}' for {labels.count(label)} "
+            "configured workers: start one single-threaded Dask worker per configured worker"
+        )
+    return (
+        f"{len(available)} Dask worker(s) for {len(labels)} configured workers: start one single-threaded Dask "
+        "worker per configured worker"
+    )

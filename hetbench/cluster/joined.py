@@ -1,6 +1,7 @@
 """Before a run on a joined cluster: wait for every placement label to have its Ray node and its
 Dask worker (the Mac may still be starting), saying who is missing; bounded by
 `cluster.wait_for_workers_s`, then a clear failure, or without them if `cluster.allow_missing`."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,9 +10,9 @@ import sys
 import time
 
 from hetbench.balance import split_batch
-from hetbench.errors import UserError
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.ray_connection import RayConnection
+from hetbench.errors import UserError
 
 REPORT_EVERY_S = 10.0
 
@@ -33,8 +34,11 @@ def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[st
         have["Ray node"] = set(ray_conn.ray.cluster_resources())
     if dask_client is not None:
         have["Dask worker"] = _dask_labels(dask_client)
-    return {label: [system for system, labels in have.items() if label not in labels]
-            for label in sorted(wanted) if any(label not in labels for labels in have.values())}
+    return {
+        label: [system for system, labels in have.items() if label not in labels]
+        for label in sorted(wanted)
+        if any(label not in labels for labels in have.values())
+    }
 
 
 def wait_for_workers(cfg: dict) -> dict:
@@ -62,8 +66,10 @@ def wait_for_workers(cfg: dict) -> dict:
                 next_report = time.monotonic() + REPORT_EVERY_S
             time.sleep(1.0)
     if not cluster["allow_missing"]:
-        raise UserError(f"{who} did not join within {cluster['wait_for_workers_s']:g} s: start "
-                        "deploy/mac/worker.sh on that machine, or set cluster.allow_missing to run without it")
+        raise UserError(
+            f"{who} did not join within {cluster['wait_for_workers_s']:g} s: start "
+            "deploy/mac/worker.sh on that machine, or set cluster.allow_missing to run without it"
+        )
     kept = [w for w in cfg["workers"] if w["node"] not in missing]
     if not kept:
         raise UserError(f"no worker's node joined within {cluster['wait_for_workers_s']:g} s: {who}")

@@ -7,6 +7,7 @@ worker's label as a Dask resource. Placement then works as on real machines. Wit
 namespace behind a shaped veth pair (netns.py). Everything is started as our own child
 processes and stopped by PID, never by name.
 """
+
 from __future__ import annotations
 
 import copy
@@ -22,17 +23,20 @@ import time
 from contextlib import contextmanager
 
 from hetbench.cluster.addresses import check_reachable
-from hetbench.errors import UserError
-from hetbench.floor import free_port
 from hetbench.cluster.netns import Link, check_can_emulate
 from hetbench.cluster.nodes import DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
 from hetbench.cluster.ray_connection import RAY_ENV
+from hetbench.errors import UserError
+from hetbench.floor import free_port
 
 log = logging.getLogger(__name__)
 HOST_IP = "127.0.0.1"
-HEALTH_CHECKS = {"RAY_health_check_period_ms": "1000", "RAY_health_check_timeout_ms": "3000",
-                 "RAY_health_check_failure_threshold": "3"}
+HEALTH_CHECKS = {
+    "RAY_health_check_period_ms": "1000",
+    "RAY_health_check_timeout_ms": "3000",
+    "RAY_health_check_failure_threshold": "3",
+}
 
 
 def placement_labels(cfg: dict) -> list[str]:
@@ -55,13 +59,19 @@ class LocalMultinode:
         self.cfg, self.labels = cfg, placement_labels(cfg)
         self.procs: list[subprocess.Popen] = []
         self.node_procs: dict[str, list[subprocess.Popen]] = {}  # label -> its Ray node and Dask workers
-        self.node_args: dict[str, list[str]] = {}                 # label -> its `ray start` arguments
-        self.cut: set[str] = set()                                # labels whose link a fault cut
+        self.node_args: dict[str, list[str]] = {}  # label -> its `ray start` arguments
+        self.cut: set[str] = set()  # labels whose link a fault cut
         self.links: dict[str, Link] = {}
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
         # Token auth on, with this process's own token; the driver joins with it too.
-        self.env = {**os.environ, **RAY_ENV, **DASK_NODE_ENV, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
-                    "RAY_AUTH_TOKEN": process_token(), "PYTHONUNBUFFERED": "1"}
+        self.env = {
+            **os.environ,
+            **RAY_ENV,
+            **DASK_NODE_ENV,
+            "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+            "RAY_AUTH_TOKEN": process_token(),
+            "PYTHONUNBUFFERED": "1",
+        }
         self.env.pop("RAY_ADDRESS", None)
         # A node cut off (a fault, a lost link) is declared dead within about 10 s, not Ray's ~30-60 s.
         for key, value in HEALTH_CHECKS.items():
@@ -79,15 +89,39 @@ class LocalMultinode:
             ray_port, dask_port = free_port(), free_port()
             self.ray_address = f"{head_ip}:{ray_port}"
             self.dask_scheduler = f"tcp://{head_ip}:{dask_port}"
-            self._ray_node(self.labels[0], ["--head", f"--port={ray_port}", f"--node-ip-address={head_ip}",
-                                            f"--temp-dir={self.temp_dir}", "--include-dashboard=false",
-                                            "--disable-usage-stats"])
+            self._ray_node(
+                self.labels[0],
+                [
+                    "--head",
+                    f"--port={ray_port}",
+                    f"--node-ip-address={head_ip}",
+                    f"--temp-dir={self.temp_dir}",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                ],
+            )
             self._wait_listening(self.ray_address, "the Ray head")
             for label in self.labels[1:]:
-                self._ray_node(label, [f"--address={self.ray_address}",
-                                       f"--node-ip-address={self.links[label].ns_ip if label in self.links else head_ip}"])
-            self._spawn([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", head_ip,
-                         "--port", str(dask_port), "--no-dashboard"], "dask-scheduler")
+                self._ray_node(
+                    label,
+                    [
+                        f"--address={self.ray_address}",
+                        f"--node-ip-address={self.links[label].ns_ip if label in self.links else head_ip}",
+                    ],
+                )
+            self._spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "distributed.cli.dask_scheduler",
+                    "--host",
+                    head_ip,
+                    "--port",
+                    str(dask_port),
+                    "--no-dashboard",
+                ],
+                "dask-scheduler",
+            )
             self._wait_listening(self.dask_scheduler, "the Dask scheduler")
             for w in self.cfg["workers"]:
                 self._dask_worker(w)
@@ -95,8 +129,11 @@ class LocalMultinode:
         except BaseException:
             self.stop()
             raise
-        return {"ray_address": self.ray_address, "dask_scheduler": self.dask_scheduler,
-                "token": self.env["RAY_AUTH_TOKEN"]}
+        return {
+            "ray_address": self.ray_address,
+            "dask_scheduler": self.dask_scheduler,
+            "token": self.env["RAY_AUTH_TOKEN"],
+        }
 
     def _prefix(self, label: str | None) -> list[str]:
         return self.links[label].prefix() if label in self.links else []
@@ -111,8 +148,16 @@ class LocalMultinode:
 
     def _spawn(self, argv: list[str], what: str, label: str | None = None) -> None:
         log_file = open(os.path.join(self.temp_dir, f"{what}.log"), "ab")
-        self.procs.append(subprocess.Popen(argv, env=self._env(label), stdout=log_file, stderr=subprocess.STDOUT,
-                                           stdin=subprocess.DEVNULL, start_new_session=True))
+        self.procs.append(
+            subprocess.Popen(
+                argv,
+                env=self._env(label),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        )
         log_file.close()
         if label is not None:
             self.node_procs.setdefault(label, []).append(self.procs[-1])
@@ -126,8 +171,11 @@ class LocalMultinode:
     def _dask_worker(self, worker: dict) -> None:
         label = worker["node"]
         host = self.links[label].ns_ip if label in self.links else self.head_ip
-        self._spawn([*self._prefix(label), *dask_worker_argv(self.dask_scheduler, worker["name"], label, host)],
-                    f"dask-{worker['name']}", label)
+        self._spawn(
+            [*self._prefix(label), *dask_worker_argv(self.dask_scheduler, worker["name"], label, host)],
+            f"dask-{worker['name']}",
+            label,
+        )
 
     def kill_node(self, label: str) -> None:
         """Fault injection: the node's Ray node (raylet, its workers) and Dask workers die at once."""
@@ -167,8 +215,10 @@ class LocalMultinode:
                 return
             except UserError:
                 if time.monotonic() > deadline:
-                    raise UserError(f"local-multinode: {what} did not listen at {address} within "
-                                    f"{self.cfg['cluster']['connect_timeout_s']:g} s (logs: {self.temp_dir})") from None
+                    raise UserError(
+                        f"local-multinode: {what} did not listen at {address} within "
+                        f"{self.cfg['cluster']['connect_timeout_s']:g} s (logs: {self.temp_dir})"
+                    ) from None
                 time.sleep(0.2)
 
     def _wait_ready(self) -> None:
@@ -189,15 +239,18 @@ class LocalMultinode:
                 if not left:
                     return
                 if time.monotonic() > deadline:
-                    raise UserError(f"local-multinode: Dask worker '{left[0]}' {what} within {timeout:g} s "
-                                    f"(logs: {self.temp_dir})")
+                    raise UserError(
+                        f"local-multinode: Dask worker '{left[0]}' {what} within {timeout:g} s (logs: {self.temp_dir})"
+                    )
                 time.sleep(0.3)
 
     def _check_alive(self) -> None:
         for proc in self.procs:
             if proc.poll() is not None:
-                raise UserError(f"local-multinode: '{' '.join(proc.args[:4])} ...' exited with {proc.returncode} "
-                                f"while starting (logs: {self.temp_dir})")
+                raise UserError(
+                    f"local-multinode: '{' '.join(proc.args[:4])} ...' exited with {proc.returncode} "
+                    f"while starting (logs: {self.temp_dir})"
+                )
 
     def stop(self) -> None:
         stop_trees(list(reversed(self.procs)))
@@ -228,8 +281,11 @@ def cluster_for_run(cfg: dict):
         startup_s = time.perf_counter() - started
         os.environ["RAY_AUTH_TOKEN"] = addresses["token"]
         joined = copy.deepcopy(cfg)
-        joined["cluster"].update(ray_address=addresses["ray_address"], dask_scheduler=addresses["dask_scheduler"],
-                                 wait_for_workers_s=cfg["cluster"]["connect_timeout_s"])  # nodes still registering
+        joined["cluster"].update(
+            ray_address=addresses["ray_address"],
+            dask_scheduler=addresses["dask_scheduler"],
+            wait_for_workers_s=cfg["cluster"]["connect_timeout_s"],
+        )  # nodes still registering
         yield joined, startup_s, next(iter(cluster.links.values()), None), cluster
     finally:
         cluster.stop()

@@ -4,6 +4,7 @@
 emulation: a link here is a bandwidth limit on top of loopback-like latency. Traffic only ever
 goes to the two addresses of each pair, which this module creates and removes.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,8 +18,9 @@ SUBNET = "10.231"  # link i: host side 10.231.i.1, namespace side 10.231.i.2 (/3
 
 def check_can_emulate() -> None:
     if os.geteuid() != 0:
-        raise UserError("link emulation (link.rate) needs root for network namespaces and tc; "
-                        "run as root or set link.rate to null")
+        raise UserError(
+            "link emulation (link.rate) needs root for network namespaces and tc; run as root or set link.rate to null"
+        )
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise UserError(f"link emulation needs the '{missing[0]}' command (iproute2), which is not installed")

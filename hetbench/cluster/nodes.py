@@ -3,6 +3,7 @@ the Dask worker invocations, used by local-multinode, by `hetbench worker` (the 
 for compose.yaml. A node advertises its placement label as a Ray custom resource and node label,
 and its Dask worker carries the same label as a Dask resource.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,22 +17,42 @@ LABEL_KEY = "hetbench-node"  # the Ray node label that names a node's placement 
 # them; with these 0.01. Neither is used: we run no dashboard, and a blocked loop is still reported.
 DASK_NODE_ENV = {
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",  # samples the task's thread every 10 ms (takes the GIL)
-    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",         # event-loop health check, every 20 ms by default
+    "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",  # event-loop health check, every 20 ms by default
 }
 
 
 def ray_node_argv(label: str, *args: str, num_cpus: int | None = None) -> list[str]:
     """`ray start --block` for a node labelled `label` (add --head or --address=... in args)."""
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
-    return [ray, "start", "--block", f"--num-cpus={num_cpus or os.cpu_count()}",
-            f"--resources={json.dumps({label: 1000})}", f"--labels={json.dumps({LABEL_KEY: label})}", *args]
+    return [
+        ray,
+        "start",
+        "--block",
+        f"--num-cpus={num_cpus or os.cpu_count()}",
+        f"--resources={json.dumps({label: 1000})}",
+        f"--labels={json.dumps({LABEL_KEY: label})}",
+        *args,
+    ]
 
 
 def dask_worker_argv(scheduler: str, name: str, label: str | None, host: str | None = None) -> list[str]:
     """One single-threaded Dask worker process (no nanny: its PID is the worker) named `name`."""
-    return [sys.executable, "-m", "distributed.cli.dask_worker", scheduler, "--nthreads", "1", "--no-nanny",
-            "--name", name, "--no-dashboard", "--memory-limit", "0",
-            *(["--host", host] if host else []), *(["--resources", f"{label}=1"] if label else [])]
+    return [
+        sys.executable,
+        "-m",
+        "distributed.cli.dask_worker",
+        scheduler,
+        "--nthreads",
+        "1",
+        "--no-nanny",
+        "--name",
+        name,
+        "--no-dashboard",
+        "--memory-limit",
+        "0",
+        *(["--host", host] if host else []),
+        *(["--resources", f"{label}=1"] if label else []),
+    ]
 
 
 def dask_workers(client) -> dict[str, dict]:

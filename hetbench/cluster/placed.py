@@ -10,6 +10,7 @@ runs on the driver's node (a Ray actor there, or this very process under Dask).
 Launchers: Ray actors (ray_placed.py) and Dask actors (dask_placed.py). A strategy outside both
 (plain torch.distributed, say) takes Ray's: its processes are placed like any worker's.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -30,8 +31,9 @@ class Placed(ABC):
     def setup(self) -> list[dict]:
         """Every worker's role set up in its process: name, device as resolved there, node, batch, ..."""
         threads = [workers_per_host(self.cfg, spec, self.joined) for spec in self.specs]
-        self.info = self.results([self.call(rank, "setup", self.cfg, rank, threads[rank])
-                                  for rank in range(len(self.specs))], "setting up")
+        self.info = self.results(
+            [self.call(rank, "setup", self.cfg, rank, threads[rank]) for rank in range(len(self.specs))], "setting up"
+        )
         return self.info
 
     def each(self, method: str, args: list[tuple], doing: str) -> list:

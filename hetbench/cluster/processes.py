@@ -1,4 +1,5 @@
 """Starting and stopping the processes hetbench owns: by PID, with their whole trees, within bounded time."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Joining Ray: a private local instance, or an explicit cluster address. Never Ray's auto-detection."""
+
 from __future__ import annotations
 
 import logging
@@ -13,9 +14,9 @@ from hetbench.cluster.addresses import check_reachable
 from hetbench.errors import UserError
 
 RAY_ENV = {
-    "RAY_USAGE_STATS_ENABLED": "0",         # no usage-stats prompt or network call
-    "RAY_DEDUP_LOGS": "0",                  # worker output is off the terminal anyway (log_to_driver=False)
-    "RAY_TRAIN_V2_ENABLED": "1",            # 2.60's default, pinned: ray-train-gloo is written for V2
+    "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats prompt or network call
+    "RAY_DEDUP_LOGS": "0",  # worker output is off the terminal anyway (log_to_driver=False)
+    "RAY_TRAIN_V2_ENABLED": "1",  # 2.60's default, pinned: ray-train-gloo is written for V2
 }
 
 
@@ -29,8 +30,12 @@ class RayConnection:
         self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
         os.environ.update(RAY_ENV)
         cluster = cfg["cluster"]
-        quiet = {"include_dashboard": False, "logging_level": logging.ERROR, "log_to_driver": False,
-                 "configure_logging": True}
+        quiet = {
+            "include_dashboard": False,
+            "logging_level": logging.ERROR,
+            "log_to_driver": False,
+            "configure_logging": True,
+        }
         if ray.is_initialized():
             ray.shutdown()
         self.sigterm = signal.getsignal(signal.SIGTERM)
@@ -64,11 +69,16 @@ class RayConnection:
             if not missing:
                 return
             if time.monotonic() >= deadline:
-                present = sorted(k for k in have if not k.startswith("node:") and k not in
-                                 ("CPU", "GPU", "memory", "object_store_memory"))
+                present = sorted(
+                    k
+                    for k in have
+                    if not k.startswith("node:") and k not in ("CPU", "GPU", "memory", "object_store_memory")
+                )
                 self.close()
-                raise UserError(f"no Ray node advertises placement label '{missing[0]}' "
-                                f"(labels in this cluster: {', '.join(present) or 'none'})")
+                raise UserError(
+                    f"no Ray node advertises placement label '{missing[0]}' "
+                    f"(labels in this cluster: {', '.join(present) or 'none'})"
+                )
             time.sleep(0.5)
 
     def _start_private(self, labels: set[str], quiet: dict) -> None:
@@ -77,8 +87,13 @@ class RayConnection:
         # (Ray reads them once, then): changing RAY_AUTH_MODE now would split driver and GCS.
         os.environ.pop("RAY_ADDRESS", None)
         self.temp_dir = tempfile.mkdtemp(prefix="hbray-")
-        self.ray.init(address="local", num_cpus=os.cpu_count(), resources={label: 1000.0 for label in labels},
-                      _temp_dir=self.temp_dir, **quiet)
+        self.ray.init(
+            address="local",
+            num_cpus=os.cpu_count(),
+            resources={label: 1000.0 for label in labels},
+            _temp_dir=self.temp_dir,
+            **quiet,
+        )
 
     def close(self) -> None:
         if self.ray.is_initialized():

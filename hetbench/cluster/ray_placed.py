@@ -1,4 +1,5 @@
 """The cluster seam on Ray: one actor per worker, pinned to the node advertising its label."""
+
 from __future__ import annotations
 
 import ray
@@ -50,8 +51,9 @@ class RayPlaced(Placed):
             who = f"worker '{self.specs[dead[0]]['name']}'" if dead else self.coordinator_name
             raise RunFailed(f"{self.owner}: {who} died while {doing}") from None
         except ray.exceptions.GetTimeoutError:
-            raise RunFailed(f"{self.owner}: no answer from the workers within {self.timeout_s:g} s "
-                            f"while {doing}") from None
+            raise RunFailed(
+                f"{self.owner}: no answer from the workers within {self.timeout_s:g} s while {doing}"
+            ) from None
 
     def succeeded(self, handle) -> bool:
         try:

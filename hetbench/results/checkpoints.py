@@ -6,6 +6,7 @@ run.json holds the resolved config (and the standalone speeds `auto` split by), 
 last checkpoint. Batch order comes from (seed, step) alone, so with dropout 0 the resumed run
 follows the uninterrupted run's trajectory exactly.
 """
+
 from __future__ import annotations
 
 import copy
@@ -16,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from hetbench.strategies.base import StepTiming
 from hetbench.errors import UserError
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
+from hetbench.strategies.base import StepTiming
 
 
 def train_state(flat, optimizer) -> dict:
@@ -59,8 +60,10 @@ class RunCheckpoints:
         try:
             saved = json.loads((self.dir / "run.json").read_text())
         except FileNotFoundError:
-            raise UserError(f"run {self.dir.name} kept no checkpoints ({self.dir / 'run.json'} is missing; "
-                            "runs keep them with checkpoint_every > 0)") from None
+            raise UserError(
+                f"run {self.dir.name} kept no checkpoints ({self.dir / 'run.json'} is missing; "
+                "runs keep them with checkpoint_every > 0)"
+            ) from None
         except json.JSONDecodeError as e:
             raise UserError(f"{self.dir / 'run.json'} is not valid JSON: {e}") from None
         return saved["config"], saved["standalone"]

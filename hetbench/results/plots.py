@@ -3,6 +3,7 @@
 Each is readable without the table: titled, axes labelled with units, the baseline marked, and
 emulated slow workers or links named in the title.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +19,14 @@ def label(record: dict) -> str:
 
 def emulated(records: list[dict]) -> str:
     """What was emulated in these records, for titles: slowed workers and the link."""
-    slowed = sorted({f"{w['name']} slowed {w['slowdown']:g}x" for r in records for w in r.get("workers", [])
-                     if w.get("slowdown", 1.0) > 1.0})
+    slowed = sorted(
+        {
+            f"{w['name']} slowed {w['slowdown']:g}x"
+            for r in records
+            for w in r.get("workers", [])
+            if w.get("slowdown", 1.0) > 1.0
+        }
+    )
     links = sorted({(r.get("link") or {}).get("rate") for r in records} - {None})
     parts = slowed + [f"{rate} link" for rate in links]
     return f" (emulated: {', '.join(parts)})" if parts else ""
@@ -64,8 +71,12 @@ def _throughput(ax, trained: list[dict], records: list[dict]) -> None:
     bars = ax.barh(labels, values, color=colors)
     for bar, r in zip(bars, trained):
         eff = r.get("scaling_efficiency")
-        ax.annotate(f" {r['samples_per_s']:,.0f}" + (f"  ({eff:.0%} of the workers alone)" if eff else ""),
-                    (bar.get_width(), bar.get_y() + bar.get_height() / 2), va="center", fontsize=8)
+        ax.annotate(
+            f" {r['samples_per_s']:,.0f}" + (f"  ({eff:.0%} of the workers alone)" if eff else ""),
+            (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+            va="center",
+            fontsize=8,
+        )
     ax.invert_yaxis()
     ax.set_xlabel("training throughput, samples/s (median over repeats; higher is better)")
     ax.set_xlim(0, max(values) * 1.45)
@@ -77,9 +88,11 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
     steps = [r.get("step") or {} for r in trained]
     # the fastest worker computes, then waits for the slowest, then all move gradients/weights:
     # so the three segments add up to the step time
-    parts = (("compute (fastest worker)", "tab:green", [s.get("compute_s", 0) - s.get("wait_s", 0) for s in steps]),
-             ("waiting for the slowest worker", "tab:red", [s.get("wait_s", 0) for s in steps]),
-             ("comm (moving, combining)", "tab:orange", [s.get("comm_s", 0) for s in steps]))
+    parts = (
+        ("compute (fastest worker)", "tab:green", [s.get("compute_s", 0) - s.get("wait_s", 0) for s in steps]),
+        ("waiting for the slowest worker", "tab:red", [s.get("wait_s", 0) for s in steps]),
+        ("comm (moving, combining)", "tab:orange", [s.get("comm_s", 0) for s in steps]),
+    )
     left = [0.0] * len(trained)
     for name, color, seconds in parts:
         widths = [max(0.0, x) * 1000 for x in seconds]
@@ -95,13 +108,30 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
 
 
 def _accuracy(ax, trained: list[dict], records: list[dict]) -> None:
-    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown",
-               "tab:pink", "tab:olive", "tab:cyan", "navy", "gold"]  # grey is the baseline's
+    palette = [
+        "tab:blue",
+        "tab:orange",
+        "tab:green",
+        "tab:red",
+        "tab:purple",
+        "tab:brown",
+        "tab:pink",
+        "tab:olive",
+        "tab:cyan",
+        "navy",
+        "gold",
+    ]  # grey is the baseline's
     others = iter(palette * 3)
     for r in trained:
         curve = r.get("accuracy_curve") or []
-        ax.plot([p["train_s"] for p in curve], [p["accuracy"] for p in curve], marker="o", markersize=3,
-                label=label(r), color="0.4" if r["strategy"] == BASELINE else next(others))
+        ax.plot(
+            [p["train_s"] for p in curve],
+            [p["accuracy"] for p in curve],
+            marker="o",
+            markersize=3,
+            label=label(r),
+            color="0.4" if r["strategy"] == BASELINE else next(others),
+        )
     target = next((r.get("target_accuracy") for r in trained if r.get("target_accuracy")), None)
     if target:
         ax.axhline(target, color="k", linestyle=":", label=f"target {target:.0%}")

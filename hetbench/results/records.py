@@ -1,4 +1,5 @@
 """The record: one JSON object per strategy and scenario, written atomically, never over another run's file."""
+
 from __future__ import annotations
 
 import copy
@@ -27,8 +28,9 @@ def _version(package: str) -> str | None:
 
 def git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
-                             cwd=Path(__file__).resolve().parent)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, cwd=Path(__file__).resolve().parent
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -51,6 +53,7 @@ def environment() -> dict:
 
 def redacted(cfg: dict) -> dict:
     """The config as recorded: anything that looks like a secret is replaced."""
+
     def walk(value, key=""):
         if isinstance(value, dict):
             return {k: walk(v, k) for k, v in value.items()}
@@ -59,6 +62,7 @@ def redacted(cfg: dict) -> dict:
         if value is not None and any(s in key.lower() for s in SECRET_KEYS):
             return "<redacted>"
         return value
+
     return walk(copy.deepcopy(cfg))
 
 

@@ -1,4 +1,5 @@
 """Comparison tables from records: baseline first, a relative column, sync overhead beside the gloo floor."""
+
 from __future__ import annotations
 
 import csv
@@ -13,8 +14,27 @@ from hetbench.results.plots import write_plots
 from hetbench.results.records import atomic_write
 from hetbench.strategies.registry import BASELINE
 
-COLUMNS = ["strategy", "balance", "workers", "samples/s", "CV", "vs baseline", "scaling eff", "compute ms", "comm ms", "update ms", "wait ms",
-           "sync overhead ms", "vs floor", "floor-predicted samples/s", "vs predicted", "test acc", "time to target s", "startup s", "status"]
+COLUMNS = [
+    "strategy",
+    "balance",
+    "workers",
+    "samples/s",
+    "CV",
+    "vs baseline",
+    "scaling eff",
+    "compute ms",
+    "comm ms",
+    "update ms",
+    "wait ms",
+    "sync overhead ms",
+    "vs floor",
+    "floor-predicted samples/s",
+    "vs predicted",
+    "test acc",
+    "time to target s",
+    "startup s",
+    "status",
+]
 
 
 def ordered(records: list[dict]) -> list[dict]:
@@ -31,10 +51,12 @@ def _workers(record: dict) -> str:
     if record["strategy"] == FLOOR:
         link = (record.get("link") or {}).get("rate")
         return f"2 processes over an emulated {link} link" if link else "2 local processes"
-    return ", ".join(f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
-                     + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
-                     + (f" (lost at step {w['lost_at_step']})" if "lost_at_step" in w else "")
-                     for w in record.get("workers", []))
+    return ", ".join(
+        f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
+        + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
+        + (f" (lost at step {w['lost_at_step']})" if "lost_at_step" in w else "")
+        for w in record.get("workers", [])
+    )
 
 
 def _balance(record: dict) -> str | None:
@@ -52,26 +74,28 @@ def rows(records: list[dict]) -> list[list]:
         overhead = r.get("allreduce_s") if r["strategy"] == FLOOR else step.get("sync_overhead_s")
         if r["strategy"] == BASELINE:
             overhead = None
-        table.append([
-            r["strategy"],
-            _balance(r),
-            _workers(r),
-            r.get("samples_per_s"),
-            r.get("samples_per_s_cv", r.get("allreduce_cv")),
-            r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
-            r.get("scaling_efficiency"),
-            _ms(step.get("compute_s")),
-            _ms(step.get("comm_s")),
-            _ms(step.get("update_s")) if step.get("update_s") else None,
-            _ms(step.get("wait_s")),
-            _ms(overhead),
-            overhead / floor["allreduce_s"] if floor and overhead is not None else None,
-            *_predicted(r, floor),
-            r.get("final_accuracy"),
-            r.get("time_to_target_s"),
-            r.get("startup_s"),
-            r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else ""),
-        ])
+        table.append(
+            [
+                r["strategy"],
+                _balance(r),
+                _workers(r),
+                r.get("samples_per_s"),
+                r.get("samples_per_s_cv", r.get("allreduce_cv")),
+                r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
+                r.get("scaling_efficiency"),
+                _ms(step.get("compute_s")),
+                _ms(step.get("comm_s")),
+                _ms(step.get("update_s")) if step.get("update_s") else None,
+                _ms(step.get("wait_s")),
+                _ms(overhead),
+                overhead / floor["allreduce_s"] if floor and overhead is not None else None,
+                *_predicted(r, floor),
+                r.get("final_accuracy"),
+                r.get("time_to_target_s"),
+                r.get("startup_s"),
+                r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else ""),
+            ]
+        )
     return table
 
 
@@ -119,7 +143,9 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
     try:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         pictures = "".join(f"\n![{p.stem}]({p.name})\n" for p in write_plots(records, results_dir, name))
-        atomic_write(md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{legend(records)}\n{pictures}")
+        atomic_write(
+            md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{legend(records)}\n{pictures}"
+        )
         atomic_write(csv_path, to_csv(records))
     except OSError as e:
         raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
@@ -131,8 +157,11 @@ def alone(records: list[dict]) -> str:
     timings = next((r["standalone_timings"] for r in records if r.get("standalone_timings")), None)
     if not timings:
         return ""
-    return ("alone, samples/s (each timing; start of the run -> end): "
-            + "; ".join(f"{name} {_each(t['start'])} -> {_each(t['end'])}" for name, t in timings.items()) + "\n\n")
+    return (
+        "alone, samples/s (each timing; start of the run -> end): "
+        + "; ".join(f"{name} {_each(t['start'])} -> {_each(t['end'])}" for name, t in timings.items())
+        + "\n\n"
+    )
 
 
 def _each(rates: list[float]) -> str:

@@ -1,4 +1,5 @@
 """The contract every strategy implements, and what one global step reports."""
+
 from __future__ import annotations
 
 import sys
@@ -13,14 +14,16 @@ from hetbench.balance import resplit_event, speed_split, split_batch
 from hetbench.errors import RunFailed
 from hetbench.gradients import batch_shares
 
+
 @dataclass
 class StepTiming:
     """One global step. comm = moving/combining gradients or weights; wait = idle for the slowest worker."""
+
     compute_s: dict[str, float]  # per worker name: forward + backward (+ local optimizer step)
     comm_s: float
     wait_s: float
-    total_s: float               # wall time of the whole step, as the driver sees it
-    update_s: float = 0.0        # part of comm: a central optimizer step (parameter server only)
+    total_s: float  # wall time of the whole step, as the driver sees it
+    update_s: float = 0.0  # part of comm: a central optimizer step (parameter server only)
 
     @classmethod
     def synchronous(cls, compute_s: dict[str, float], total_s: float, update_s: float = 0.0) -> StepTiming:
@@ -39,6 +42,9 @@ class Strategy(ABC):
 
     name: ClassVar[str]
     distributed: ClassVar[bool] = True
+    # Every step is one update from every live worker's gradient (a barrier): the update rule then
+    # makes it one single-device step on the union batch.
+    synchronous: ClassVar[bool] = True
     # Link time one synchronous step needs, in gloo-floor all-reduces of the model: an all-reduce
     # is 1; a parameter server moves the gradient up, then the weights down, one after the other: 2.
     # None: no prediction (no link crossed, or no barrier per step).
@@ -60,10 +66,10 @@ class Strategy(ABC):
 
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
-        self.events: list[dict] = []   # what was lost, when, and the split that went on
-        self.lost: list[dict] = []     # worker_info of the lost workers, with lost_at_step
-        self.info: list[dict] = []     # per live worker, in rank order: what worker_info reports
-        self.batches: list[int] = []   # per live worker: its samples per step
+        self.events: list[dict] = []  # what was lost, when, and the split that went on
+        self.lost: list[dict] = []  # worker_info of the lost workers, with lost_at_step
+        self.info: list[dict] = []  # per live worker, in rank order: what worker_info reports
+        self.batches: list[int] = []  # per live worker: its samples per step
         self.shares: list[float] = []  # per live worker: batch / global batch, the rule's weights
 
     @abstractmethod
@@ -115,8 +121,11 @@ class Strategy(ABC):
         split = self._set_split(split_batch(self.cfg["batch_size"], self.batches))
         self.lost.append({**lost, "lost_at_step": step})
         self.events.append({"step": step, "lost": lost["name"], "node": lost["node"], "split": split})
-        print(f"{self.name}: worker '{lost['name']}' lost at step {step}; going on with "
-              + ", ".join(f"{n}x{b}" for n, b in split.items()), file=sys.stderr)
+        print(
+            f"{self.name}: worker '{lost['name']}' lost at step {step}; going on with "
+            + ", ".join(f"{n}x{b}" for n, b in split.items()),
+            file=sys.stderr,
+        )
 
     def rebalance(self, step: int, timings: list[StepTiming]) -> None:
         """Re-split the global batch by the speeds in `timings` (speed_split), and hand it on."""
@@ -141,7 +150,7 @@ class Strategy(ABC):
         """Strategy-specific figures for the record (e.g. async staleness), gathered over all repeats."""
         return {"events": self.events} if self.events else {}
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional: a strategy that starts nothing has nothing to stop)
         """Stop everything start() started; called on every exit path."""
 
 
@@ -163,4 +172,4 @@ def step_indices(n: int, global_batch: int, seed: int, step: int) -> np.ndarray:
 def worker_slice(indices: np.ndarray, batches: list[int], rank: int) -> np.ndarray:
     """Worker `rank`'s part of a global batch: contiguous, in worker order."""
     offset = sum(batches[:rank])
-    return indices[offset:offset + batches[rank]]
+    return indices[offset : offset + batches[rank]]

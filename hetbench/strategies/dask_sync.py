@@ -6,6 +6,7 @@ the new weights by value and gets its gradient back over TCP before the update; 
 host leave theirs in shared memory and answer once the update is done. Measured here, the task
 path (scatter with broadcast=True, submit, gather) cost about 3x the actors' overhead per step.
 """
+
 from __future__ import annotations
 
 from hetbench.clock import now
@@ -34,20 +35,24 @@ class DaskSync(ParameterServerDriver):
 
     def _apply(self, grads: list, ticket: int | None) -> tuple:
         # (2b) the gradients sent by value first: the server is this process
-        by_value = iter(self.placed.results([g for g in grads if not isinstance(g, int)], "gathering gradients",
-                                            survivable=True))
+        by_value = iter(
+            self.placed.results([g for g in grads if not isinstance(g, int)], "gathering gradients", survivable=True)
+        )
         grads = [g if isinstance(g, int) else next(by_value) for g in grads]
         # (2c) (3) the sample-weighted rule and the optimizer step, here; the slots are waited for
         deadline = now() + self.cfg["cluster"]["step_timeout_s"]
-        weights, update_s = self.placed.coordinator.apply(self.shares, *grads, ticket=ticket,
-                                                          check=lambda: self._check(ticket, deadline))
+        weights, update_s = self.placed.coordinator.apply(
+            self.shares, *grads, ticket=ticket, check=lambda: self._check(ticket, deadline)
+        )
         return Done(weights), Done(update_s)
 
     def _check(self, ticket: int, deadline: float) -> None:
         """While the server waits in shared memory: a call that failed, or whose worker the scheduler
         dropped, ends the wait (WorkersLost); so does a gradient not in by the step timeout."""
-        self.placed.results([c[1] for c in self.calls if self.placed.settled(c[1])], "waiting for a gradient",
-                            survivable=True)
+        self.placed.results(
+            [c[1] for c in self.calls if self.placed.settled(c[1])], "waiting for a gradient", survivable=True
+        )
         if now() > deadline:
-            raise WorkersLost([r for r, slot in enumerate(self.slots)
-                               if slot is not None and not self.host.gradient_in(slot, ticket)])
+            raise WorkersLost(
+                [r for r, slot in enumerate(self.slots) if slot is not None and not self.host.gradient_in(slot, ticket)]
+            )

@@ -8,6 +8,7 @@ transport. A lost worker: the step is redone with the survivors, or kept where t
 ran, and the survivors take its samples. A strategy module supplies the launcher, the two roles
 and, where its server is not remote, how the update is applied.
 """
+
 from __future__ import annotations
 
 from typing import ClassVar
@@ -24,11 +25,11 @@ from hetbench.transport.host_memory import HandsOff, HostBuffers
 
 
 class ParameterServerDriver(Strategy, HandsOff):
-    via: ClassVar[str] = "ray"                 # the launcher (cluster/placed.py): ray | dask
-    replica: ClassVar[type] = Replica           # the workers' role
-    server: ClassVar[type] = ParameterServer    # the coordinator's role
-    by_value: ClassVar[str] = "object store"    # how buffers reach workers off the server's machine
-    uses_host_memory: ClassVar[bool] = True     # workers on the server's machine map its buffers
+    via: ClassVar[str] = "ray"  # the launcher (cluster/placed.py): ray | dask
+    replica: ClassVar[type] = Replica  # the workers' role
+    server: ClassVar[type] = ParameterServer  # the coordinator's role
+    by_value: ClassVar[str] = "object store"  # how buffers reach workers off the server's machine
+    uses_host_memory: ClassVar[bool] = True  # workers on the server's machine map its buffers
     calls_wait_for_weights: ClassVar[bool] = True  # a call given the weights' handle starts once they exist
     floor_transfers = 2.0  # the gradient up, then the weights down
     survives_worker_loss = resumable = rebalances = True
@@ -45,11 +46,21 @@ class ParameterServerDriver(Strategy, HandsOff):
         ranks = range(len(self.info))
         local = [r for r in ranks if self.uses_host_memory and self.placed.on_driver_host(r)]
         shared = self._server("share_with", self.cfg, len(local)) if local else None
-        attached = self.placed.results([self.placed.call(r, "attach", *shared, len(local), slot)
-                                        for slot, r in enumerate(local)], "sharing memory") if shared else []
+        attached = (
+            self.placed.results(
+                [self.placed.call(r, "attach", *shared, len(local), slot) for slot, r in enumerate(local)],
+                "sharing memory",
+            )
+            if shared
+            else []
+        )
         mapped = {r for r, ok in zip(local, attached) if ok}
         # this process maps the file too, to give up a step's waits when a worker is lost
-        self.host = HostBuffers.attach(*shared, len(local), self.cfg["cluster"]["step_timeout_s"]) if mapped and HostBuffers.can_hand_off() else None
+        self.host = (
+            HostBuffers.attach(*shared, len(local), self.cfg["cluster"]["step_timeout_s"])
+            if mapped and HostBuffers.can_hand_off()
+            else None
+        )
         self._server("shared_by_all", len(mapped) < len(self.info))  # the name goes: nothing can be left
         self.slots = [local.index(r) if r in mapped else None for r in ranks]
         for rank, info in enumerate(self.info):
@@ -77,8 +88,11 @@ class ParameterServerDriver(Strategy, HandsOff):
                 if self.update is not None and self.placed.succeeded(self.update):
                     # (hand-off) every gradient was in and the update ran before the loss showed: done
                     self.ended = now()
-                    timing = StepTiming.synchronous(self._survivors_computes(), self.ended - start,
-                                                    self.placed.results([self.update], "reading the update")[0])
+                    timing = StepTiming.synchronous(
+                        self._survivors_computes(),
+                        self.ended - start,
+                        self.placed.results([self.update], "reading the update")[0],
+                    )
                     self._lose(e.ranks, step)
                     return timing
                 self.newest = weights_before  # the update never ran: redo the step with the survivors
@@ -115,17 +129,29 @@ class ParameterServerDriver(Strategy, HandsOff):
         """Worker `rank`'s call for `step`: handles of (its gradient, its compute seconds). A call queued
         `after` a weights version waits for it in shared memory; the others are given the weights."""
         handed_off = self._handed_off(rank)
-        needs_weights = self.slots[rank] is None or (self.calls_wait_for_weights and not (handed_off and after is not None))
-        return self.placed.call(rank, "compute", self.newest if needs_weights else None, step,
-                                ticket if handed_off else None, after if handed_off else None, returns=2)
+        needs_weights = self.slots[rank] is None or (
+            self.calls_wait_for_weights and not (handed_off and after is not None)
+        )
+        return self.placed.call(
+            rank,
+            "compute",
+            self.newest if needs_weights else None,
+            step,
+            ticket if handed_off else None,
+            after if handed_off else None,
+            returns=2,
+        )
 
     def _apply(self, grads: list, ticket: int | None) -> tuple:
         """(2) (3) on the coordinator: handles of (the new weights, the update's seconds)."""
         return self.placed.coordinator_call("apply", self.shares, *grads, ticket=ticket, returns=2)
 
     def _survivors_computes(self) -> dict[str, float]:
-        return {info["name"]: self.placed.results([call[1]], "reading a compute")[0]
-                for info, call in zip(self.info, self.calls) if self.placed.succeeded(call[1])}
+        return {
+            info["name"]: self.placed.results([call[1]], "reading a compute")[0]
+            for info, call in zip(self.info, self.calls)
+            if self.placed.succeeded(call[1])
+        }
 
     def _lose(self, ranks: list[int], step: int) -> None:
         """Forget the lost workers (highest rank first, so the others keep their places), re-split."""

@@ -7,6 +7,7 @@ the reference rather than the value) and read zero-copy by the others; a call gi
 reference starts once they exist, so the next step's calls queue before the update (4).
 Workers on the server's node use shared memory instead (the driver's).
 """
+
 from __future__ import annotations
 
 import ray

@@ -5,6 +5,7 @@ batch share, and the worker restarts from the newest weights, unless it is more 
 `max_staleness` versions ahead of the slowest worker still computing: then it waits. A runner
 "step" is one global batch's worth of samples applied, from whichever workers delivered them.
 """
+
 from __future__ import annotations
 
 import ray
@@ -18,18 +19,21 @@ from hetbench.strategies.ray_ps import RayParameterServer
 class RayParameterServerAsync(RayParameterServer):
     name = "ray-ps-async"
     options = {"max_staleness": (2, "a worker this many weights versions ahead of the slowest waits")}
-    table_note = ("ray-ps-async: no barrier, so wait ms is the time a worker was held back by max_staleness "
-                  "and no link prediction applies.")
+    table_note = (
+        "ray-ps-async: no barrier, so wait ms is the time a worker was held back by max_staleness "
+        "and no link prediction applies."
+    )
+    synchronous = False
     uses_host_memory = False  # the server writes while other workers read: each needs its own copy
-    floor_transfers = None    # no barrier: transfers overlap other workers' compute
-    resumable = False         # gradients in flight at a checkpoint would be lost: not built yet
+    floor_transfers = None  # no barrier: transfers overlap other workers' compute
+    resumable = False  # gradients in flight at a checkpoint would be lost: not built yet
 
     def reset(self, seed: int) -> None:
         self._drain()
         super().reset(seed)
         self.version = 0
         self.next_batch = [0] * len(self.info)  # each worker reads its own stream of slices
-        self.in_flight: dict = {}               # gradient handle -> (rank, version it started from, compute handle, batch)
+        self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
         self.parked: list[int] = []
         self.staleness = getattr(self, "staleness", [])
         for rank in range(len(self.info)):
@@ -96,10 +100,15 @@ class RayParameterServerAsync(RayParameterServer):
         for s in self.staleness:
             counts[s] = counts.get(s, 0) + 1
         ordered = sorted(self.staleness)
-        return {**super().record_extras(),
-                "staleness": {"histogram": dict(sorted(counts.items())), "max": max(ordered, default=0),
-                              "median": ordered[len(ordered) // 2] if ordered else 0,
-                              "max_allowed": self.cfg[self.name]["max_staleness"]}}
+        return {
+            **super().record_extras(),
+            "staleness": {
+                "histogram": dict(sorted(counts.items())),
+                "max": max(ordered, default=0),
+                "median": ordered[len(ordered) // 2] if ordered else 0,
+                "max_allowed": self.cfg[self.name]["max_staleness"],
+            },
+        }
 
     def _drain(self) -> None:
         """Let a previous repeat's in-flight batches finish before the models are replaced."""

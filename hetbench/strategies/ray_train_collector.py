@@ -1,5 +1,6 @@
 """Ray Train's ranks report to the driver through this actor: per-step timings from every rank,
 rank 0's weights at evaluation steps, and where a restarted group goes on from."""
+
 from __future__ import annotations
 
 import threading
@@ -16,10 +17,10 @@ class Collector:
         self.ready = threading.Condition()
         self.released: set = set()
         self.stop = False
-        self.repeat = 0          # the repeat the driver is in
-        self.states: dict = {}   # repeat -> (next step, rank 0's model + optimizer): where a restart begins
-        self.starts = 0          # how often the group started (Ray Train restarts it after a lost rank)
-        self.resumed_from = 0    # the step the latest start began at
+        self.repeat = 0  # the repeat the driver is in
+        self.states: dict = {}  # repeat -> (next step, rank 0's model + optimizer): where a restart begins
+        self.starts = 0  # how often the group started (Ray Train restarts it after a lost rank)
+        self.resumed_from = 0  # the step the latest start began at
 
     def begin(self, rank: int):
         """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start)."""

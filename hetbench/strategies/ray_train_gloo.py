@@ -6,6 +6,7 @@ MPS tensors, and NCCL has no Mac), so the sum is the sample-weighted mean; (3) e
 the same optimizer step. Ray Train owns the loop, so ranks send their per-step timings (and rank 0
 its weights at evaluation steps) to a small collector actor that the driver reads step by step.
 """
+
 from __future__ import annotations
 
 import os
@@ -88,8 +89,9 @@ def train_loop(config: dict) -> None:
     index = assign_ranks(cfg["workers"], [set(labels) for labels in labels_by_rank])[rank]
     replica = Replica()  # this rank's worker: device resolved here, on its own node
     info = replica.setup(cfg, index, workers_per_host(cfg, cfg["workers"][index], joined))
-    collector.record.remote(("ready",), rank, {**info, "rank": rank,
-                                               "node_id": ray.get_runtime_context().get_node_id()})
+    collector.record.remote(
+        ("ready",), rank, {**info, "rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
+    )
     share, device = batch_shares(replica.batches)[index], replica.device
     total = cfg["warmup_steps"] + cfg["steps"]
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
@@ -128,13 +130,17 @@ def train_loop(config: dict) -> None:
                     share = batch_shares(split)[index]
             end = now(device)
             evaluated = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
-            timing = {"compute_s": own_s,
-                      "comm_s": (reduced - computed) + (end - updated), "total_s": end - start,
-                      "peak_rss_mb": peak_rss_mb()}
+            timing = {
+                "compute_s": own_s,
+                "comm_s": (reduced - computed) + (end - updated),
+                "total_s": end - start,
+                "peak_rss_mb": peak_rss_mb(),
+            }
             if split is not None and rank == 0:
                 timing["split"] = {w["name"]: b for w, b in zip(cfg["workers"], split)}
-            collector.record.remote((repeat, step), rank, timing,
-                                    flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None)
+            collector.record.remote(
+                (repeat, step), rank, timing, flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None
+            )
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
             # its evaluation never competes with training for the cores
             if keep_state and (step + 1) % every == 0 and step + 1 < total:
@@ -166,11 +172,17 @@ class RayTrainGloo(Strategy):
             train_loop,
             train_loop_config={"cfg": self.cfg, "collector": self.collector, "joined": joined},
             torch_config=TorchConfig(backend="gloo", timeout_s=int(self.timeout_s)),
-            scaling_config=ScalingConfig(num_workers=len(workers), use_gpu=False,
-                                         resources_per_worker={"CPU": 0.01},
-                                         placement_strategy="SPREAD" if joined else "PACK"),
-            run_config=RunConfig(name=f"hetbench-{uuid.uuid4().hex[:12]}", storage_path=self.storage,
-                                 failure_config=FailureConfig(max_failures=self.cfg[self.name]["max_failures"])),
+            scaling_config=ScalingConfig(
+                num_workers=len(workers),
+                use_gpu=False,
+                resources_per_worker={"CPU": 0.01},
+                placement_strategy="SPREAD" if joined else "PACK",
+            ),
+            run_config=RunConfig(
+                name=f"hetbench-{uuid.uuid4().hex[:12]}",
+                storage_path=self.storage,
+                failure_config=FailureConfig(max_failures=self.cfg[self.name]["max_failures"]),
+            ),
         )
         self.failure: BaseException | None = None
         self.fit = threading.Thread(target=self._fit, args=(trainer,), daemon=True)

@@ -1,10 +1,11 @@
 """Strategy names -> implementations, imported lazily so a missing optional stack never breaks the CLI."""
+
 from __future__ import annotations
 
 import importlib
 
-from hetbench.strategies.base import Strategy
 from hetbench.errors import UserError
+from hetbench.strategies.base import Strategy
 
 STRATEGIES = {  # name -> "module:Class"; one line per strategy
     "single": "hetbench.strategies.single:Single",

@@ -1,4 +1,5 @@
 """The two roles of a parameter-server-style strategy: a Replica per worker, one ParameterServer."""
+
 from __future__ import annotations
 
 import os
@@ -8,14 +9,14 @@ import time
 
 import torch
 
-from hetbench.strategies.base import step_indices, worker_slice
-from hetbench.results.checkpoints import load_train_state, train_state
 from hetbench.clock import cpu_wait, now
+from hetbench.cluster.processes import peak_rss_mb
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_buffer, weighted_sum
+from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.transport.host_memory import HostBuffers
-from hetbench.cluster.processes import peak_rss_mb
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
 
@@ -36,9 +37,15 @@ class Replica:
         self.batches = [w["batch"] for w in cfg["workers"]]
         self.device = resolve_device(self.spec["device"])
         self.images, self.labels = cached_mnist(cfg, announce=False)[0].tensors(self.device)
-        return {"name": self.spec["name"], "device": str(self.device), "node": self.spec["node"],
-                "host": socket.gethostname(), "pid": os.getpid(), "batch": self.spec["batch"],
-                "slowdown": self.spec["slowdown"]}
+        return {
+            "name": self.spec["name"],
+            "device": str(self.device),
+            "node": self.spec["node"],
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "batch": self.spec["batch"],
+            "slowdown": self.spec["slowdown"],
+        }
 
     def resplit(self, batches: list[int], rank: int) -> None:
         """After a worker was lost: the survivors' new batches, and my place among them."""
@@ -96,11 +103,13 @@ class Replica:
 
     def local_step(self, step: int) -> float:
         """(1) forward+backward on my slice of global batch `step` into my flat gradient; its seconds."""
-        index = worker_slice(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step),
-                             self.batches, self.rank)
+        index = worker_slice(
+            step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step), self.batches, self.rank
+        )
         index = torch.from_numpy(index).to(self.device)
-        return self.work(lambda: (self.flat.zero_grad(),
-                                  forward_backward(self.flat.model, self.images[index], self.labels[index])))
+        return self.work(
+            lambda: (self.flat.zero_grad(), forward_backward(self.flat.model, self.images[index], self.labels[index]))
+        )
 
     def work(self, device_work) -> float:
         """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated.
@@ -126,8 +135,9 @@ class ParameterServer:
 
     def share_with(self, cfg: dict, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
-        self.shared = HostBuffers.create(count_parameters(build_model(cfg["dropout"], 0)), slots,
-                                        cfg["cluster"]["step_timeout_s"])
+        self.shared = HostBuffers.create(
+            count_parameters(build_model(cfg["dropout"], 0)), slots, cfg["cluster"]["step_timeout_s"]
+        )
         return (self.shared.path, self.shared.numel) if self.shared else None
 
     def shared_by_all(self, by_value: bool = True) -> None:

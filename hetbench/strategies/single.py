@@ -3,16 +3,17 @@
 Every distributed strategy is a diff of this file: the same model, data order and
 optimizer, with steps (1)-(3) below spread over workers.
 """
+
 from __future__ import annotations
 
 import torch
 
-from hetbench.strategies.base import StepTiming, Strategy, step_indices
-from hetbench.results.checkpoints import load_train_state, train_state
 from hetbench.clock import now
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel
+from hetbench.results.checkpoints import load_train_state, train_state
+from hetbench.strategies.base import StepTiming, Strategy, step_indices
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
 
@@ -60,5 +61,12 @@ class Single(Strategy):
 
     def worker_info(self) -> list[dict]:
         worker = self.cfg["workers"][0]
-        return [{"name": self.worker_name, "device": str(self.device), "node": worker["node"],
-                 "batch": self.cfg["batch_size"], "slowdown": 1.0}]
+        return [
+            {
+                "name": self.worker_name,
+                "device": str(self.device),
+                "node": worker["node"],
+                "batch": self.cfg["batch_size"],
+                "slowdown": 1.0,
+            }
+        ]

@@ -13,6 +13,7 @@ sets its slot's counter to t; the server waits for every slot's t, steps, sets t
 Waiting sleeps in the kernel on a futex (no spinning: two cores here). Figures: README, "Where a
 ray-ps step's time goes".
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -26,7 +27,7 @@ import torch
 
 SHM_DIR = "/dev/shm"
 VERSION, ABANDONED, FIRST_SLOT = 0, 1, 2  # the counters: weights version, last abandoned ticket, one per slot
-CHECK_EVERY_S = 0.5   # how often a wait looks up from its futex: limit, parent, the caller's own check
+CHECK_EVERY_S = 0.5  # how often a wait looks up from its futex: limit, parent, the caller's own check
 # Linux's futex syscall; only on x86-64, whose stores become visible in program order (a plain
 # store of the counter after the buffer's writes is then a release). Elsewhere: no hand-off.
 FUTEX = {"x86_64": 202}.get(platform.machine()) if sys.platform == "linux" else None
@@ -50,7 +51,7 @@ class HostBuffers:
         self.memory = torch.from_file(path, shared=True, size=_size(numel, slots) // 4, dtype=torch.float32)
         header = _header(slots)
         self.counters = self.memory[:header].view(torch.int32)
-        self.weights = self.memory[header:header + numel]
+        self.weights = self.memory[header : header + numel]
         self.buffers = self.memory[header:]
 
     @classmethod
@@ -86,7 +87,7 @@ class HostBuffers:
 
     def gradient(self, slot: int) -> torch.Tensor:
         start = self.numel * (1 + slot)
-        return self.buffers[start:start + self.numel]
+        return self.buffers[start : start + self.numel]
 
     # the hand-off (see the module's docstring); tickets only grow, so old counters never match
     def publish_weights(self, ticket: int) -> None:
@@ -171,5 +172,6 @@ _libc = ctypes.CDLL(None, use_errno=True) if FUTEX else None
 
 
 def _futex(address: int, op: int, value: int, timeout: Timespec | None = None) -> None:
-    _libc.syscall(FUTEX, ctypes.c_void_p(address), op, ctypes.c_int(value),
-                  ctypes.byref(timeout) if timeout else None, None, 0)
+    _libc.syscall(
+        FUTEX, ctypes.c_void_p(address), op, ctypes.c_int(value), ctypes.byref(timeout) if timeout else None, None, 0
+    )
