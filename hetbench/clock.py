@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager
 
 import torch
 
@@ -26,23 +25,6 @@ def cpu_wait() -> float:
             return int(f.read().split()[1]) / 1e9
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-class Stopwatch:
-    """`with watch(device): ...` adds the synchronized duration to `watch.elapsed` and `watch.last`."""
-
-    def __init__(self) -> None:
-        self.elapsed = 0.0
-        self.last = 0.0
-
-    @contextmanager
-    def __call__(self, device: torch.device | None = None):
-        start = now(device)
-        try:
-            yield self
-        finally:
-            self.last = now(device) - start
-            self.elapsed += self.last
 
 
 def median(values: list[float]) -> float | None:

@@ -71,8 +71,8 @@ def keep_freed_memory() -> None:
     """Let glibc keep freed heap memory for reuse instead of returning it to the OS at once.
 
     Dask's nanny starts workers with MALLOC_TRIM_THRESHOLD_=65536, which also pins large
-    allocations to mmap: every step's activations are then mapped and page-faulted afresh, and
-    the same forward+backward ran 1.6-2x slower in a Dask worker than in a plain process here.
+    allocations to mmap: every step's activations are then mapped and page-faulted afresh, which
+    slows the same forward+backward in a Dask worker (docs/design.md).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")

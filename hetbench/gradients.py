@@ -36,8 +36,8 @@ class FlatModel:
         """The flat buffer as 1 MB leaf tensors (views, with their gradient views) for the optimizer.
 
         Every optimizer here is elementwise, so the update is the same per element; in 1 MB chunks
-        its ~10 operations run while a chunk is in cache, not once each over the whole 4.8 MB
-        (Adadelta's step, caches cold as after a compute: 3.3 -> 2.4 ms here).
+        its ~10 operations run while a chunk is in cache, not once each over the whole buffer
+        (docs/design.md).
         """
         chunks = []
         for start in range(0, self.params.numel(), chunk):
@@ -53,27 +53,16 @@ class FlatModel:
     def load_params(self, flat: torch.Tensor) -> None:
         self.params.copy_(flat, non_blocking=True)
 
-    def load_grads(self, flat: torch.Tensor) -> None:
-        self.grads.copy_(flat, non_blocking=True)
-
-
-def combine_gradients(
-    grads: Sequence[torch.Tensor], samples: Sequence[int], out: torch.Tensor | None = None
-) -> torch.Tensor:
-    """The synchronous update rule: the sample-weighted mean of the workers' mean-loss gradients.
-
-    Each worker's gradient is d(mean loss over its b_i samples); weighting by b_i / sum(b)
-    gives d(mean loss over the union batch), i.e. one single-device step on b1+...+bn samples.
-    """
-    if len(grads) != len(samples) or not grads:
-        raise ValueError("need one sample count per gradient")
-    return weighted_sum(grads, batch_shares(samples), out)
-
 
 def weighted_sum(
     grads: Sequence[torch.Tensor], weights: Sequence[float], out: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """sum(w_i * g_i) in one output buffer, no temporaries beyond it."""
+    """sum(w_i * g_i) in one output buffer, no temporaries beyond it.
+
+    With w = batch_shares(b) this is the synchronous update rule: each worker's gradient is
+    d(mean loss over its b_i samples), and weighting by b_i / sum(b) gives d(mean loss over the
+    union batch), i.e. one single-device step on b1+...+bn samples.
+    """
     combined = torch.mul(grads[0], weights[0], out=out)
     for grad, w in zip(grads[1:], weights[1:]):
         combined.add_(grad, alpha=w)

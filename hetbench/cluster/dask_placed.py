@@ -1,8 +1,8 @@
 """The cluster seam on Dask: one Dask actor per worker, each on its own single-threaded Dask worker
 carrying the worker's label; the coordinator is this process.
 
-Actor calls go straight from the client to the worker (direct_to_workers: relayed by the
-scheduler, the overhead per step was ~40% more here).
+Actor calls go straight from the client to the worker (direct_to_workers): relayed by the
+scheduler, each step pays more overhead (docs/design.md).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ import sys
 LABEL_KEY = "hetbench-node"  # the Ray node label that names a node's placement label
 
 # The environment of every Dask scheduler and worker a hetbench node starts (compose.yaml sets the
-# same). Idle, Dask's defaults took 0.11 of this box's 2 cores while Ray strategies trained beside
-# them; with these 0.01. Neither is used: we run no dashboard, and a blocked loop is still reported.
+# same): idle, Dask's defaults take cores training needs (docs/design.md). Neither is used: we run
+# no dashboard, and a blocked loop is still reported.
 DASK_NODE_ENV = {
     "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False",  # samples the task's thread every 10 ms (takes the GIL)
     "DASK_DISTRIBUTED__ADMIN__TICK__INTERVAL": "1s",  # event-loop health check, every 20 ms by default

@@ -3,8 +3,8 @@ its own Dask worker, and (2)(3) here, on the client (the shared driver: paramete
 
 What is Dask's own here: the server is this process, so a step sends each worker off this host
 the new weights by value and gets its gradient back over TCP before the update; workers on this
-host leave theirs in shared memory and answer once the update is done. Measured here, the task
-path (scatter with broadcast=True, submit, gather) cost about 3x the actors' overhead per step.
+host leave theirs in shared memory and answer once the update is done. Actors, not tasks: the
+task path (scatter, submit, gather) costs several times their overhead per step (docs/design.md).
 """
 
 from __future__ import annotations

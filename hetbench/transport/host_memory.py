@@ -1,8 +1,8 @@
 """Flat buffers in shared memory, for a parameter server and the workers on its own node.
 
 Across nodes, gradients and weights go through Ray's object store. Between processes on one
-node, that store is shared memory too, but each message is a fresh object: a put of 4.8 MB costs
-3.7-5.7 ms here (new pages faulted in), plus a round trip to the object's owner for every reader.
+node, that store is shared memory too, but each message is a fresh object: every put faults new
+pages in, and every reader asks the object's owner first (docs/design.md has the figures).
 One file mapped by the server and its co-located workers, reused every step, makes each hop one
 memcpy. The file is unlinked as soon as everyone has mapped it, so however the run ends (even
 SIGKILL), nothing is left in /dev/shm.
@@ -10,8 +10,7 @@ SIGKILL), nothing is left in /dev/shm.
 Beside the buffers, counters let the processes hand each other the turn without any Ray or Dask
 call in between (a "ticket" per step attempt): a worker waits for weights version t-1, computes,
 sets its slot's counter to t; the server waits for every slot's t, steps, sets the version to t.
-Waiting sleeps in the kernel on a futex (no spinning: two cores here). Figures: README, "Where a
-ray-ps step's time goes".
+Waiting sleeps in the kernel on a futex: no spinning, which would take a core from training.
 """
 
 from __future__ import annotations
