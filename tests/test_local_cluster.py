@@ -304,7 +304,7 @@ def test_a_cut_link_is_survived_and_restored_for_the_next_scenario(tmp_path):
         "--set",
         "link.rate=1gbit",
         "--set",
-        "cluster.step_timeout_s=20",
+        "cluster.step_timeout_s=60",
         "--set",
         "faults=[{at_step: 3, kill: link, target: mac}]",
         "--set",
