@@ -40,10 +40,14 @@ def plain_loop(images, labels, batch, steps, device, cfg):
 
 
 def hetbench_single(cfg, steps):
+    """hetbench's baseline: the same loop in a process placed on the worker's node (its startup untimed)."""
     strategy = Single(cfg)
-    strategy.start()
-    strategy.reset(cfg["seed"])
-    return [strategy.step(step).total_s for step in range(steps)]
+    try:
+        strategy.start()
+        strategy.reset(cfg["seed"])
+        return [strategy.step(step).total_s for step in range(steps)]
+    finally:
+        strategy.close()
 
 
 def main() -> None:

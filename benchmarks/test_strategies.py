@@ -113,12 +113,12 @@ def standalone():
 def test_step(benchmark, request, clusters, standalone, link, n_workers, strategy_name, balance):
     m = MODES[request.config.getoption("--bench-mode")]
     key = (link, n_workers)
-    cluster_cfg, _, emulated_link, _ = clusters(scenario_config(m, link, n_workers), key)
+    cluster_cfg, _, _ = clusters(scenario_config(m, link, n_workers), key)
     benchmark.extra_info.update(strategy=strategy_name, balance=balance, link=link or "loopback", workers=n_workers)
     if strategy_name == FLOOR_NAME:
         figures = {}
         benchmark.pedantic(
-            lambda: figures.update(measure_floor(count_parameters(Net()), 10, 120.0, emulated_link)),
+            lambda: figures.update(measure_floor(cluster_cfg, count_parameters(Net()))),
             rounds=1,
             iterations=1,
         )

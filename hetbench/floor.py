@@ -1,22 +1,20 @@
 """The `gloo-floor` reference: a raw torch.distributed gloo all-reduce of the model's flat buffer.
 
-Two processes, the same number of floats as the CNN; every strategy's sync overhead is judged
-against this figure, measured in the same run. With link emulation, rank 1 runs inside the
-emulated remote node's namespace, so the floor is what that link allows.
-
-Run as `python -m hetbench.floor RANK MASTER_IP PORT NUMEL ITERATIONS TIMEOUT_S`: prints JSON.
+Two processes, placed like workers (cluster/placed.py): one on the reference worker's node, one
+on the first worker on another node (a desk and a Mac: across their link; in local-multinode
+across the emulated one; on one box, two processes there). The same number of floats as the CNN;
+every strategy's sync overhead is judged against this figure, measured in the same run, over the
+path the workers' traffic takes. The record says which path that was.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import socket
-import subprocess
-import sys
+import time
 from datetime import timedelta
 
 from hetbench.clock import cv, median
+from hetbench.cluster.placed import place
 
 FLOOR_NAME = "gloo-floor"
 WARMUP = 5  # all-reduces that warm the connection up, untimed
@@ -29,8 +27,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float) -> list[float]:
-    import time
-
     import torch
     import torch.distributed as dist
 
@@ -52,35 +48,39 @@ def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: i
         dist.destroy_process_group()
 
 
-def measure_floor(numel: int, iterations: int, timeout_s: float, link=None) -> dict:
-    """Median and CV of one all-reduce of `numel` float32s between two gloo processes (over `link` if given)."""
-    master = link.host_ip if link else "127.0.0.1"
-    args = [master, str(free_port(master)), str(numel), str(iterations), str(timeout_s)]
-    prefixes = [[], link.prefix() if link else []]
-    envs = [{**os.environ, **(link.gloo_env(inside=rank == 1) if link else {})} for rank in range(2)]
-    procs = [
-        subprocess.Popen(
-            [*prefix, sys.executable, "-m", "hetbench.floor", str(rank), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for rank, (prefix, env) in enumerate(zip(prefixes, envs))
-    ]
+class FloorEnd:
+    """One end of the floor's all-reduce, in a process on a worker's node."""
+
+    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
+        spec = cfg["workers"][rank]
+        return {"name": spec["name"], "node": spec["node"], "host": socket.gethostname()}
+
+    def free_port(self, host: str) -> int:
+        return free_port(host)
+
+    def allreduce_times(self, *args) -> list[float]:
+        return allreduce_times(*args)
+
+
+def floor_ranks(cfg: dict) -> list[int]:
+    """The two workers whose nodes the floor runs between: the first, and the first on another node
+    (else the second; a lone worker's node twice)."""
+    workers = cfg["workers"]
+    other = [r for r, w in enumerate(workers) if w["node"] != workers[0]["node"]]
+    return [0, (other or [min(1, len(workers) - 1)])[0]]
+
+
+def measure_floor(cfg: dict, numel: int) -> dict:
+    """Median and CV of one all-reduce of `numel` float32s between the two workers' nodes."""
+    iterations, timeout_s = cfg["floor"]["iterations"], cfg["floor"]["timeout_s"]
+    ends = place(cfg, FloorEnd, FLOOR_NAME, ranks=floor_ranks(cfg))
     try:
-        outputs = [p.communicate(timeout=timeout_s) for p in procs]
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"gloo-floor: the two all-reduce processes did not finish within {timeout_s:g} s") from None
+        master = ends.info[0]["node_ip"]
+        (port,) = ends.results([ends.call(0, "free_port", master)], "choosing a port")
+        args = (master, port, numel, iterations, timeout_s)
+        times = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=5)
-    for p, (_, err) in zip(procs, outputs):
-        if p.returncode != 0:
-            raise RuntimeError(f"gloo-floor: an all-reduce process failed: {err.strip().splitlines()[-1:]}")
-    times = [json.loads(out) for out, _ in outputs]
+        ends.close()
     # A collective ends when the slower rank has its result: take the max per iteration.
     per_iteration = [max(a, b) for a, b in zip(*times)]
     return {
@@ -89,10 +89,10 @@ def measure_floor(numel: int, iterations: int, timeout_s: float, link=None) -> d
         "numel": numel,
         "bytes": numel * 4,
         "iterations": iterations,
-        "link": {"rate": link.rate} if link else None,
+        "path": {
+            "between": [i["name"] for i in ends.info],
+            "nodes": [i["node"] for i in ends.info],
+            "ips": [i["node_ip"] for i in ends.info],
+        },
+        "link": {"rate": cfg["link"]["rate"]} if cfg["link"]["rate"] else None,
     }
-
-
-if __name__ == "__main__":
-    rank, master, port, numel, iterations, timeout_s = sys.argv[1:7]
-    print(json.dumps(allreduce_times(int(rank), master, int(port), int(numel), int(iterations), float(timeout_s))))

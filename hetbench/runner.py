@@ -252,6 +252,17 @@ def scenario_key(name: str, cfg: dict) -> str:
     return name if balance is None else f"{name}-{balance}"
 
 
+def reference_first(cfg: dict, standalone: dict | None) -> tuple[dict, dict]:
+    """The config with the reference machine's worker first, where the baseline runs (the fastest
+    worker alone, measured in this run, else the first configured one), and what the record says of it."""
+    workers = cfg["workers"]
+    if not standalone:
+        return cfg, {"worker": workers[0]["name"], "chosen_by": "first configured worker"}
+    best = max(workers, key=lambda w: standalone[w["name"]])  # the first of equals
+    reordered = [best, *(w for w in workers if w is not best)]
+    return {**cfg, "workers": reordered}, {"worker": best["name"], "chosen_by": "fastest alone in this run"}
+
+
 def scenario(name: str, cfg: dict) -> dict:
     """What distinguishes this row: the batch split (baseline: the whole batch on one device)."""
     if name == BASELINE:
@@ -302,12 +313,11 @@ def wants_standalone(cfg: dict) -> bool:
     )
 
 
-def run_floor(cfg: dict, env: dict, link=None) -> dict:
+def run_floor(cfg: dict, env: dict) -> dict:
     base = {"strategy": FLOOR_NAME, "config": redacted(cfg), "env": env, "workers": []}
-    numel = count_parameters(Net())
     try:
-        figures = measure_floor(numel, cfg["floor"]["iterations"], cfg["floor"]["timeout_s"], link)
-    except RuntimeError as e:
+        figures = measure_floor(cfg, count_parameters(Net()))
+    except RunFailed as e:
         return {**base, "status": "failed", "reason": str(e)}
     return {**base, "status": "ok", **figures}
 
@@ -326,7 +336,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
     try:
         if checkpoints:
             checkpoints.save_run(cfg, standalone)
-        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, link, cluster):
+        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, cluster):
             if cluster_startup_s is not None:
                 print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
             cluster_cfg = wait_for_workers(cluster_cfg)
@@ -337,7 +347,11 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                 if checkpoints:  # a resumed run splits as this one did
                     checkpoints.save_run(cfg, standalone)
             for name, balance in scenarios(cluster_cfg):
-                scenario_cfg = cluster_cfg if balance is None else balanced(cluster_cfg, balance, standalone)
+                scenario_cfg, reference = cluster_cfg, None
+                if name == BASELINE:
+                    scenario_cfg, reference = reference_first(cluster_cfg, standalone)
+                elif balance is not None:
+                    scenario_cfg = balanced(cluster_cfg, balance, standalone)
                 label = name if balance is None else f"{name} [{balance}]"
                 if recorded(out.records, name, scenario_cfg):
                     print(f"{label}: recorded before the run was interrupted, not run again", file=sys.stderr)
@@ -359,6 +373,8 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     )
                     raise
                 record["cluster_startup_s"] = cluster_startup_s
+                if reference:
+                    record["reference"] = reference
                 out.add(record)
                 if checkpoints:  # recorded: its checkpoint is no longer needed
                     checkpoints.remove(scenario_key(name, scenario_cfg))
@@ -367,7 +383,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
             if at_start:
                 rescale(out, at_start, measure_standalone(cluster_cfg))
             if cfg["floor"]["enabled"] and not recorded(out.records, FLOOR_NAME, cfg):
-                out.add(run_floor(cluster_cfg, env, link))
+                out.add(run_floor(reference_first(cluster_cfg, standalone)[0], env))  # from the reference's node
     finally:
         if out.records:
             write_tables(out.records, cfg["results_dir"], cfg["name"])

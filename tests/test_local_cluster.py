@@ -211,19 +211,33 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs 
 
 
 @needs_root
-def test_an_emulated_link_caps_the_rate_and_is_removed():
-    from hetbench.cluster.netns import Link
+def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_removed():
+    from hetbench.cluster.multinode import cluster_for_run
+    from hetbench.config import load_config
     from hetbench.floor import measure_floor
 
-    link = Link(7, "20mbit", "t")
-    try:
-        figures = measure_floor(250_000, 3, 60.0, link)  # 1 MB each way per all-reduce
-    finally:
-        link.close()
-    # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there
+    cfg = load_config(
+        None,
+        [
+            "workers=[{name: desk, node: desktop}, {name: mac, node: mac}]",
+            "cluster.mode=local-multinode",
+            "link.rate=20mbit",
+            "floor.iterations=3",
+            "download=false",
+        ],
+    )
+    with cluster_for_run(cfg) as (joined, _, cluster):
+        namespace = cluster.links["mac"].name
+        figures = measure_floor(joined, 250_000)  # 1 MB each way per all-reduce
+    # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there, on the workers' path
     assert figures["allreduce_s"] > 0.3 and figures["link"] == {"rate": "20mbit"}
+    assert figures["path"] == {
+        "between": ["desk", "mac"],
+        "nodes": ["desktop", "mac"],
+        "ips": ["10.231.0.1", "10.231.0.2"],
+    }
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-    assert link.name not in names
+    assert namespace not in names
 
 
 @needs_root
@@ -253,7 +267,7 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     # the mac's gradients and weights cross the link; the desk's, on the server's host, do not
     assert [w["transport"] for w in ps["workers"]] == ["shared memory", "object store"]
     assert [w["transport"] for w in dask["workers"]] == ["shared memory", "tcp"]
-    assert floor["link"] == {"rate": "200mbit"}
+    assert floor["link"] == {"rate": "200mbit"} and floor["path"]["ips"] == ["10.231.0.1", "10.231.0.2"]
     assert "200mbit" in (tmp_path / "quick.md").read_text()
     assert processes_mentioning(*cluster_addresses(records)) == []
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout

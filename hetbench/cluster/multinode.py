@@ -265,13 +265,12 @@ class LocalMultinode:
 
 @contextmanager
 def cluster_for_run(cfg: dict):
-    """(the config strategies run with, cluster startup seconds, the emulated link or None, the
-    LocalMultinode or None).
+    """(the config strategies run with, cluster startup seconds, the LocalMultinode or None).
 
     A local-multinode cluster lives exactly as long as the `with` block, and its token only in
     this process's environment meanwhile."""
     if cfg["cluster"]["mode"] != "local-multinode":
-        yield cfg, None, None, None
+        yield cfg, None, None
         return
     cluster = LocalMultinode(cfg)
     saved_token = os.environ.get("RAY_AUTH_TOKEN")
@@ -286,7 +285,7 @@ def cluster_for_run(cfg: dict):
             dask_scheduler=addresses["dask_scheduler"],
             wait_for_workers_s=cfg["cluster"]["connect_timeout_s"],
         )  # nodes still registering
-        yield joined, startup_s, next(iter(cluster.links.values()), None), cluster
+        yield joined, startup_s, cluster
     finally:
         cluster.stop()
         if saved_token is None:

@@ -22,17 +22,22 @@ class Placed(ABC):
     joined: bool = False  # the workers share a cluster someone else started (their cores too)
     coordinator_name = "the parameter server"
 
-    def __init__(self, cfg: dict, owner: str) -> None:
+    def __init__(self, cfg: dict, owner: str, ranks: list[int] | None = None) -> None:
         self.cfg, self.owner = cfg, owner
-        self.specs = list(cfg["workers"])
+        # which configured workers get a process (all by default; a reference row takes one or two)
+        self.ranks = list(range(len(cfg["workers"]))) if ranks is None else list(ranks)
+        self.specs = [cfg["workers"][r] for r in self.ranks]
         self.info: list[dict] = []
         self.on_death = None  # called first when a process died: whatever waits on it must stop
 
     def setup(self) -> list[dict]:
-        """Every worker's role set up in its process: name, device as resolved there, node, batch, ..."""
+        """Every worker's role set up in its process: name, device as resolved there, node, batch, ...
+
+        Each gets the threads its worker has in the whole run, placed alone or not: a reference
+        row measures a machine on the budget it brings to the distributed rows."""
         threads = [workers_per_host(self.cfg, spec, self.joined) for spec in self.specs]
         self.info = self.results(
-            [self.call(rank, "setup", self.cfg, rank, threads[rank]) for rank in range(len(self.specs))], "setting up"
+            [self.call(i, "setup", self.cfg, rank, threads[i]) for i, rank in enumerate(self.ranks)], "setting up"
         )
         return self.info
 
@@ -67,21 +72,29 @@ class Placed(ABC):
 
     def drop(self, rank: int) -> None:
         """Forget lost worker `rank`; the ranks above move down one."""
-        del self.specs[rank], self.info[rank]
+        del self.ranks[rank], self.specs[rank], self.info[rank]
 
     @abstractmethod
     def close(self) -> None:
         """Stop what this started; idempotent, on every exit path."""
 
 
-def place(cfg: dict, role: type, owner: str, via: str = "ray", coordinator: type | None = None) -> Placed:
-    """Processes for every configured worker, running `role`, each on its labelled node, set up;
-    `coordinator` on the driver's node. `via`: ray | dask."""
+def place(
+    cfg: dict,
+    role: type,
+    owner: str,
+    via: str = "ray",
+    coordinator: type | None = None,
+    ranks: list[int] | None = None,
+) -> Placed:
+    """Processes for the configured workers (or those at `ranks`, a rank twice for two processes),
+    running `role`, each on its labelled node, set up; `coordinator` on the driver's node.
+    `via`: ray | dask."""
     if via == "dask":
         from hetbench.cluster.dask_placed import DaskPlaced as Launcher
     else:
         from hetbench.cluster.ray_placed import RayPlaced as Launcher
-    placed = Launcher(cfg, owner)
+    placed = Launcher(cfg, owner, ranks)
     try:
         placed.start(role, coordinator)
         placed.setup()

@@ -47,10 +47,22 @@ def _ms(seconds):
     return None if seconds is None else seconds * 1000
 
 
+def _floor_path(record: dict) -> str:
+    """Where the floor's two processes ran: between which workers' nodes, over which link."""
+    path = record.get("path")
+    link = (record.get("link") or {}).get("rate")
+    over = f" over an emulated {link} link" if link else ""
+    if not path:  # a record from before the floor was placed on the workers' nodes
+        return f"2 processes{over}" if link else "2 local processes"
+    a, b = path["between"]
+    if path["ips"][0] == path["ips"][1]:
+        return f"{a} <-> {b}, one host ({path['ips'][0]})"
+    return f"{a} ({path['ips'][0]}) <-> {b} ({path['ips'][1]}){over}"
+
+
 def _workers(record: dict) -> str:
     if record["strategy"] == FLOOR:
-        link = (record.get("link") or {}).get("rate")
-        return f"2 processes over an emulated {link} link" if link else "2 local processes"
+        return _floor_path(record)
     return ", ".join(
         f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
         + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")

@@ -43,6 +43,7 @@ class Replica:
             "node": self.spec["node"],
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "threads": torch.get_num_threads(),
             "batch": self.spec["batch"],
             "slowdown": self.spec["slowdown"],
         }

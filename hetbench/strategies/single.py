@@ -2,6 +2,11 @@
 
 Every distributed strategy is a diff of this file: the same model, data order and
 optimizer, with steps (1)-(3) below spread over workers.
+
+The loop runs where the reference machine's worker runs (the runner puts it first in the
+config's workers: the fastest one alone), in a process placed on its node like any worker's,
+with its device and the threads it has in the distributed rows. "vs baseline" then answers
+whether adding the other machines pays over the best one alone, not over the driver's CPU.
 """
 
 from __future__ import annotations
@@ -9,12 +14,42 @@ from __future__ import annotations
 import torch
 
 from hetbench.clock import now
-from hetbench.data import cached_mnist
-from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
-from hetbench.gradients import FlatModel
+from hetbench.cluster.placed import place
 from hetbench.results.checkpoints import load_train_state, train_state
-from hetbench.strategies.base import StepTiming, Strategy, step_indices
-from hetbench.workload import build_model, build_optimizer, forward_backward
+from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.strategies.roles import Replica
+from hetbench.workload import build_optimizer
+
+
+class OneDevice(Replica):
+    """The baseline's process: one worker's node, device and thread budget; its slice is the whole batch."""
+
+    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
+        info = super().setup(cfg, rank, threads_share)
+        self.batches, self.rank = [cfg["batch_size"]], 0
+        return {**info, "batch": cfg["batch_size"]}
+
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+
+    def train_step(self, step: int) -> float:
+        start = now(self.device)
+        # (1) compute: forward + backward on this step's whole batch
+        self.local_step(step)
+        # (2) combine: nothing to combine on one device
+        # (3) update
+        self.work(self.optimizer.step)
+        return now(self.device) - start
+
+    def weights(self) -> torch.Tensor:
+        return self.flat.params.detach().to("cpu", copy=True)
+
+    def state(self) -> dict:
+        return train_state(self.flat, self.optimizer)
+
+    def load_state(self, state: dict) -> None:
+        load_train_state(self.flat, self.optimizer, state)
 
 
 class Single(Strategy):
@@ -23,50 +58,33 @@ class Single(Strategy):
     resumable = True
 
     def start(self) -> None:
-        configure_threads(self.cfg["threads"])
-        keep_freed_memory()  # as every worker process does (roles.Replica): the same allocator for all
-        worker = self.cfg["workers"][0]  # the baseline runs where the first worker would
-        self.worker_name = worker["name"]
-        self.device = resolve_device(worker["device"])
-        train, _ = cached_mnist(self.cfg)
-        self.images, self.labels = train.tensors(self.device)
+        self.placed = place(self.cfg, OneDevice, self.name, ranks=[0])
+        self.info = self.placed.info
 
     def reset(self, seed: int) -> None:
-        model = build_model(self.cfg["dropout"], seed).to(self.device)
-        self.flat = FlatModel(model)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
-        self.seed = seed
+        self._do("reset", seed)
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
-        index = torch.from_numpy(step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step))
-        index = index.to(self.device)
-        start = now(self.device)
-        # (1) compute: forward + backward on this step's whole batch
-        self.flat.zero_grad()
-        forward_backward(self.flat.model, self.images[index], self.labels[index])
-        # (2) combine: nothing to combine on one device
-        # (3) update
-        self.optimizer.step()
-        elapsed = now(self.device) - start
-        return StepTiming({self.worker_name: elapsed}, comm_s=0.0, wait_s=0.0, total_s=elapsed)
+        # the step's time on the device, read in its own process: a call to it is not part of training
+        elapsed = self._do("train_step", step)
+        return StepTiming({self.info[0]["name"]: elapsed}, comm_s=0.0, wait_s=0.0, total_s=elapsed)
 
     def state(self) -> dict:
-        return train_state(self.flat, self.optimizer)
+        return self._do("state")
 
     def load_state(self, state: dict) -> None:
-        load_train_state(self.flat, self.optimizer, state)
+        self._do("load_state", state)
 
     def weights(self) -> torch.Tensor:
-        return self.flat.params.detach().to("cpu", copy=True)
+        return self._do("weights")
 
     def worker_info(self) -> list[dict]:
-        worker = self.cfg["workers"][0]
-        return [
-            {
-                "name": self.worker_name,
-                "device": str(self.device),
-                "node": worker["node"],
-                "batch": self.cfg["batch_size"],
-                "slowdown": 1.0,
-            }
-        ]
+        return self.info
+
+    def close(self) -> None:
+        if getattr(self, "placed", None):
+            self.placed.close()
+
+    def _do(self, method: str, *args):
+        (value,) = self.placed.results([self.placed.call(0, method, *args)], f"calling {method}")
+        return value

@@ -1,0 +1,60 @@
+"""The reference rows are measured where the comparison is fair: `single` on the reference worker's
+node, device and thread budget; the gloo floor between the workers' nodes."""
+
+import json
+import os
+
+from helpers import small_config
+from hetbench.floor import floor_ranks
+from hetbench.runner import reference_first, run
+
+MAC_FIRST = "workers=[{name: m, node: mac, batch: 16}, {name: d, node: desktop, batch: 8}]"
+
+
+def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_path, two_nodes):
+    cluster, mac = two_nodes
+    cfg = small_config(
+        tmp_path,
+        f"cluster.ray_address={cluster.address}",
+        MAC_FIRST,
+        "strategies=[single]",
+        "steps=2",
+        "warmup_steps=0",
+        "repeats=1",
+        "eval_every=2",
+        "floor.iterations=3",
+    )
+    single, floor = json.loads(run(cfg).path.read_text())
+    (worker,) = single["workers"]
+    # the driver is on the head (`desktop`) node: the baseline ran in its own process on `mac`
+    assert (worker["name"], worker["node_id"], worker["batch"]) == ("m", mac.node_id, 24)
+    assert worker["pid"] != os.getpid()
+    # the threads `m` has in the distributed rows: in a joined cluster, its node's cores (it is alone there)
+    assert worker["threads"] == os.cpu_count()
+    assert single["reference"] == {"worker": "m", "chosen_by": "first configured worker"}
+    assert floor["status"] == "ok" and floor["allreduce_s"] > 0
+    assert floor["path"]["between"] == ["m", "d"] and floor["path"]["nodes"] == ["mac", "desktop"]
+
+
+def test_the_reference_worker_is_the_fastest_alone_and_the_floor_crosses_to_another_node(tmp_path):
+    cfg = small_config(
+        tmp_path,
+        "workers=[{name: a, node: desktop}, {name: b, node: desktop}, {name: c, node: mac}, {name: d, node: mac}]",
+    )
+    reordered, reference = reference_first(cfg, {"a": 100.0, "b": 300.0, "c": 300.0, "d": 50.0})
+    assert [w["name"] for w in reordered["workers"]] == ["b", "a", "c", "d"]  # the first of equals
+    assert reference == {"worker": "b", "chosen_by": "fastest alone in this run"}
+    assert [w["name"] for w in cfg["workers"]] == ["a", "b", "c", "d"]  # the run's config is left as it was
+    assert reference_first(cfg, None)[1] == {"worker": "a", "chosen_by": "first configured worker"}
+    assert floor_ranks(cfg) == [0, 2]  # desktop <-> mac, not two desktop workers
+    assert floor_ranks(small_config(tmp_path, "workers=[{name: a}, {name: b}]")) == [0, 1]
+    assert floor_ranks(small_config(tmp_path, "workers=[{name: a}]")) == [0, 0]
+
+
+def test_a_worker_has_its_hosts_cores_split_among_the_training_processes_there(tmp_path):
+    from hetbench.cluster.placed import workers_per_host
+
+    cfg = small_config(tmp_path, "workers=[{name: a, node: desktop}, {name: b, node: desktop}, {name: c, node: mac}]")
+    desk, _, mac = cfg["workers"]
+    assert [workers_per_host(cfg, w, joined_cluster=False) for w in (desk, mac)] == [3, 3]  # one box for all
+    assert [workers_per_host(cfg, w, joined_cluster=True) for w in (desk, mac)] == [2, 1]  # per labelled node
