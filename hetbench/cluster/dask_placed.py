@@ -40,7 +40,9 @@ class DaskPlaced(Placed):
     def start(self, role: type, coordinator: type | None) -> None:
         from distributed import Client, LocalCluster
 
-        quiet_loggers("distributed")
+        # tornado.application: Dask's sync wrapper, interrupted (Ctrl-C, SIGTERM) before its future
+        # exists, logs its cancel callback's NameError as "Exception in callback" with a traceback
+        quiet_loggers("distributed", "tornado.application")
         cluster = self.cfg["cluster"]
         self.local = None
         self.joined = bool(cluster["dask_scheduler"])
