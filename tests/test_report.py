@@ -1,6 +1,7 @@
 import csv
 import io
 import json
+import os
 
 import pytest
 
@@ -77,6 +78,17 @@ def test_record_file_is_new_each_run_and_never_overwrites(tmp_path):
 def test_tables_written_next_to_records(tmp_path):
     md, csv_path = write_tables(KNOWN, str(tmp_path), "known")
     assert "| single" in md.read_text() and csv_path.read_text().startswith("strategy,")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="handing files to another user needs root, as in a container")
+def test_tables_written_by_root_into_a_users_directory_are_handed_to_that_user(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    os.chown(results, 4242, 4343)  # the user's ./results, bind-mounted into the runner's container
+    RecordFile(str(results), "known").add(KNOWN[0])
+    write_tables(KNOWN, str(results), "known")
+    written = [results, *results.rglob("*")]
+    assert len(written) > 4 and {(p.lstat().st_uid, p.lstat().st_gid) for p in written} == {(4242, 4343)}
 
 
 def test_recorded_config_redacts_tokens():

@@ -144,3 +144,17 @@ def read_records(paths: list[str]) -> list[dict]:
             raise UserError(f"record file {p} does not hold hetbench records")
         records.extend(items)
     return records
+
+
+def hand_to_owner(results_dir: str) -> None:
+    """Run as root (a container) in a results directory someone else owns (compose's bind-mounted
+    ./results): what root wrote there goes to that directory's owner, who can then edit and delete it."""
+    root = Path(results_dir)
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not root.is_dir():
+        return
+    owner = root.stat()
+    if owner.st_uid == 0:
+        return
+    for path in [root, *root.rglob("*")]:
+        if path.lstat().st_uid == 0:
+            os.lchown(path, owner.st_uid, owner.st_gid)

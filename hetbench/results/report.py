@@ -11,7 +11,7 @@ from tabulate import tabulate
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import write_plots
-from hetbench.results.records import atomic_write
+from hetbench.results.records import atomic_write, hand_to_owner
 from hetbench.strategies.registry import BASELINE
 
 COLUMNS = [
@@ -159,6 +159,7 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
             md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{legend(records)}\n{pictures}"
         )
         atomic_write(csv_path, to_csv(records))
+        hand_to_owner(results_dir)  # the run's records, tables and plots: the last files a run writes
     except OSError as e:
         raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
     return md_path, csv_path
