@@ -15,6 +15,7 @@ from pathlib import Path
 
 from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
+from hetbench.identity import code_hash
 
 SECRET_KEYS = ("token", "password", "secret")
 
@@ -46,6 +47,7 @@ def environment() -> dict:
         "cpu_count": os.cpu_count(),
         "devices": [describe(resolve_device(d)) for d in available_devices()],
         "git_commit": git_commit(),
+        "code_hash": code_hash(),  # the same on every machine running this code, .git or not
         "argv": sys.argv,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
