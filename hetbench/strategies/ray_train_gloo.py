@@ -210,7 +210,9 @@ class RayTrainGloo(Strategy):
                 reason = str(self.failure).strip().splitlines()[-1] if self.failure else "training ended early"
                 raise RunFailed(f"{self.name}: the training group stopped at {key}: {reason}")
             waited += 2.0
-        raise RunFailed(f"{self.name}: no step finished within {self.timeout_s:g} s at {key}")
+        hint = "; the gloo group never formed: can each node reach the other's ephemeral ports? (README: Ports)"
+        why = hint if key == ("ready",) else ""
+        raise RunFailed(f"{self.name}: no step finished within {self.timeout_s:g} s at {key}{why}")
 
     def reset(self, seed: int) -> None:
         self._release()
