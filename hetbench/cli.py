@@ -59,6 +59,8 @@ def cmd_worker(args) -> int:
 def cmd_devices(args) -> int:
     from hetbench.devices import available_devices, describe, resolve_device
 
+    if args.require:  # a container's start: refuse at once where the device it was given is missing
+        resolve_device(args.require)
     print(f"auto -> {resolve_device('auto')}")
     for name in available_devices():
         print(f"  {describe(resolve_device(name))}")
@@ -118,6 +120,9 @@ def parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=cmd_worker)
 
     devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")
+    devices.add_argument(
+        "--require", default=None, help="exit 2 in one sentence unless this device (e.g. cuda) is available here"
+    )
     devices.set_defaults(func=cmd_devices)
     strategies = sub.add_parser("strategies", formatter_class=fmt, help="registered strategies and availability")
     strategies.set_defaults(func=cmd_strategies)

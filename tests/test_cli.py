@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from helpers import assert_one_line_error, fake_split, hetbench, write_idx
 
@@ -150,6 +151,10 @@ def test_help_shows_defaults(command):
 def test_devices_and_strategies_list_what_is_here():
     devices = hetbench("devices")
     assert devices.returncode == 0 and "cpu" in devices.stdout and devices.stdout.startswith("auto -> ")
+    # a GPU container's start: a missing device is refused at once, not benchmarked on the CPU
+    assert hetbench("devices", "--require", "cpu").returncode == 0
+    if not torch.cuda.is_available():
+        assert_one_line_error(hetbench("devices", "--require", "cuda"), "device 'cuda' is not available here")
     strategies = hetbench("strategies")
     assert strategies.returncode == 0
     assert strategies.stdout.splitlines()[0].split() == ["single", "available"]
@@ -161,7 +166,7 @@ def test_worker_refuses_a_head_nothing_answers_at():
 
 
 def test_worker_refuses_version_mismatch_in_one_sentence():
-    from hetbench.cluster.worker import check_versions, versions
+    from hetbench.cluster.join_checks import check_versions, versions
     from hetbench.errors import UserError
 
     mine = versions()
@@ -169,4 +174,7 @@ def test_worker_refuses_version_mismatch_in_one_sentence():
     with pytest.raises(
         UserError, match=r"version mismatch: python \S+ here but \S+ on the head; ray 2\.60\.0 here but 2\.59\.0"
     ):
-        check_versions(mine, {**mine, "python": "3.11.2" if mine["python"] != "3.11.2" else "3.11.7", "ray": "2.59.0"})
+        check_versions(mine, {**mine, "python": "3.12", "ray": "2.59.0"})
+    # a stale image: the same version string, other code
+    with pytest.raises(UserError, match=r"version mismatch: hetbench code [0-9a-f]{12} here but 0123456789ab on the"):
+        check_versions(mine, {**mine, "hetbench code": "0123456789ab"})

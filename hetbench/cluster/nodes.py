@@ -21,6 +21,29 @@ DASK_NODE_ENV = {
 }
 
 
+# The ports a node of a joined cluster (the desktop's head, the Mac) listens on besides the head's
+# GCS (6379) and Dask scheduler (8786): fixed, so a firewall can open exactly these, on both machines
+# (compose.yaml's head and dask-worker name the same; README: Ports). Ray picks them at random otherwise.
+RAY_NODE_PORTS = {
+    "node-manager-port": 6380,  # the raylet: the GCS and the other nodes' raylets call it
+    "object-manager-port": 6381,  # objects (weights, gradients) pulled from this node
+    "runtime-env-agent-port": 6382,
+    "dashboard-agent-grpc-port": 6383,
+    "dashboard-agent-listen-port": 6384,
+    "metrics-export-port": 6385,
+    "min-worker-port": 10002,  # each worker process (an actor) serves the driver's calls on one of these
+    "max-worker-port": 10101,
+}
+DASK_WORKER_PORT = 8788  # the Dask worker (no nanny): the scheduler and the client call it
+# gloo (ray-train-gloo, the gloo-floor row) cannot be given ports (pytorch/gloo#54): its rendezvous
+# and its pairs listen on any ephemeral port, which the other machine must reach. macOS's range:
+MAC_EPHEMERAL_PORTS = (49152, 65535)
+
+
+def fixed_port_args() -> list[str]:
+    return [f"--{name}={port}" for name, port in RAY_NODE_PORTS.items()]
+
+
 def ray_node_argv(label: str, *args: str, num_cpus: int | None = None) -> list[str]:
     """`ray start --block` for a node labelled `label` (add --head or --address=... in args)."""
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
@@ -35,8 +58,11 @@ def ray_node_argv(label: str, *args: str, num_cpus: int | None = None) -> list[s
     ]
 
 
-def dask_worker_argv(scheduler: str, name: str, label: str | None, host: str | None = None) -> list[str]:
-    """One single-threaded Dask worker process (no nanny: its PID is the worker) named `name`."""
+def dask_worker_argv(
+    scheduler: str, name: str, label: str | None, host: str | None = None, port: int | None = None
+) -> list[str]:
+    """One single-threaded Dask worker process (no nanny: its PID is the worker) named `name`,
+    listening on `host` (never every interface: Dask has no authentication) and `port` (else any)."""
     return [
         sys.executable,
         "-m",
@@ -51,6 +77,7 @@ def dask_worker_argv(scheduler: str, name: str, label: str | None, host: str | N
         "--memory-limit",
         "0",
         *(["--host", host] if host else []),
+        *(["--worker-port", str(port)] if port else []),
         *(["--resources", f"{label}=1"] if label else []),
     ]
 

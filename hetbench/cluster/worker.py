@@ -1,105 +1,138 @@
 """`hetbench worker --head HOST`: make this machine (the Mac) a node of the desktop's cluster.
 
-Checks that Python, Ray and torch match the head's (asked through the Dask scheduler, which
-runs on the head), then runs a Ray node advertising the label and a Dask worker carrying it,
-until Ctrl-C, SIGTERM, or one of them ends; then stops both, by PID, with their process trees.
+Checks that Python (to the minor release), Ray, torch and hetbench's own code match the head's
+(asked through the Dask scheduler, which runs on the head), then runs a Ray node advertising the
+label and a Dask worker carrying it, both listening only on this machine's address on its route
+to the head, on the fixed ports of nodes.py (warning when the head cannot reach the ephemeral
+ports gloo needs). A Ray node the head dropped (the Mac slept) joins
+again; Ctrl-C, SIGTERM, or the Dask worker ending stops both, by PID, with their process trees.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from importlib import metadata
 
 from hetbench.cluster.addresses import check_reachable
-from hetbench.cluster.nodes import DASK_NODE_ENV, dask_worker_argv, ray_node_argv
+from hetbench.cluster.join_checks import (
+    check_both_directions,
+    check_machine,
+    check_token,
+    check_versions,
+    gloo_warning,
+    head_versions,
+    versions,
+)
+from hetbench.cluster.nodes import DASK_NODE_ENV, DASK_WORKER_PORT, dask_worker_argv, fixed_port_args, ray_node_argv
 from hetbench.cluster.processes import stop_trees
 from hetbench.errors import UserError
 
-MATCHED = ("ray", "torch", "hetbench")  # with Python's version: what must equal the head's
+REJOINS = 5  # times the Ray node is started again after the head dropped it (a Mac that slept)
+TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # the Ray node's only
 
 
-def versions() -> dict:
-    """This machine's Python version (Ray refuses a node whose patch release differs) and the packages
-    whose versions must match across nodes."""
-
-    def version(package):
-        try:
-            return metadata.version(package).split("+")[0]  # torch 2.13.0+cpu and 2.13.0 are one release
-        except metadata.PackageNotFoundError:
-            return None
-
-    return {"python": platform.python_version(), **{p: version(p) for p in MATCHED}}
+def route_address(head: str) -> str:
+    """This machine's address on its route to the head: where its nodes listen, and nowhere else."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((head, 9))  # UDP: no packet is sent, the kernel only picks the route
+        return probe.getsockname()[0]
 
 
-def head_versions(scheduler: str, timeout_s: float) -> dict:
-    from distributed import Client
+def interface_of(address: str) -> str | None:
+    """The network interface holding `address`: gloo's (it would otherwise take the address the host
+    name resolves to, which a Mac or a Linux /etc/hosts may point elsewhere, e.g. 127.0.1.1)."""
+    import psutil  # Ray's own dependency
 
-    with Client(scheduler, timeout=timeout_s) as client:
-        return client.run_on_scheduler(versions)
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addresses):
+            return name
+    return None
 
 
-def check_versions(mine: dict, head: dict) -> None:
-    wrong = [f"{k} {mine[k]} here but {head[k]} on the head" for k in ("python", *MATCHED) if mine[k] != head[k]]
-    if wrong:
-        raise UserError(
-            f"version mismatch: {'; '.join(wrong)}; install the pinned versions "
-            "(deploy/mac/worker.sh does, from deploy/constraints.txt)"
-        )
+def node_commands(head: str, ray_port: int, dask_port: int, label: str, name: str) -> list[tuple[list[str], str]]:
+    """The Ray node and the Dask worker, listening on this machine's route to the head, fixed ports."""
+    here = route_address(head)
+    ray = ray_node_argv(label, f"--address={head}:{ray_port}", f"--node-ip-address={here}", *fixed_port_args())
+    dask = dask_worker_argv(f"tcp://{head}:{dask_port}", name, label, host=here, port=DASK_WORKER_PORT)
+    return [(ray, "ray"), (dask, "dask")]
+
+
+def node_environments(head: str) -> dict[str, dict]:
+    """The Ray node's and the Dask worker's environments: gloo on the interface toward the head; the
+    Ray token's variables for the Ray node only (Dask has no authentication: whoever reaches its
+    worker could read its environment)."""
+    env = {**os.environ, **DASK_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    interface = interface_of(route_address(head))
+    if interface:
+        env["GLOO_SOCKET_IFNAME"] = interface
+    return {"ray": env, "dask": {k: v for k, v in env.items() if k not in TOKEN_VARIABLES}}
 
 
 def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, timeout_s: float) -> int:
     scheduler, ray_address = f"tcp://{head}:{dask_port}", f"{head}:{ray_port}"
+    check_machine()
     for address in (ray_address, scheduler):
         check_reachable(address, timeout_s)
     check_versions(versions(), head_versions(scheduler, timeout_s))
-    if os.environ.get("RAY_AUTH_MODE", "token") == "token" and not os.environ.get("RAY_AUTH_TOKEN"):
-        raise UserError(
-            "RAY_AUTH_TOKEN is not set: copy the head's token from its .env "
-            "(export RAY_AUTH_TOKEN=...) so this node can join"
-        )
-    env = {**os.environ, **DASK_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    check_token()
+    envs = node_environments(head)
     logs = tempfile.mkdtemp(prefix="hetbench-worker-")
-    procs, keep_logs = [], True  # logs are kept to read after a failure
+    procs: dict[str, subprocess.Popen] = {}
+    keep_logs = True  # logs are kept to read after a failure
+
+    def start(argv: list[str], what: str) -> None:
+        with open(os.path.join(logs, f"{what}.log"), "ab") as log:
+            procs[what] = subprocess.Popen(
+                argv,
+                env=envs[what],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+
     try:
-        for argv, what in (
-            (ray_node_argv(label, f"--address={ray_address}"), "ray"),
-            (dask_worker_argv(scheduler, name, label), "dask"),
-        ):
-            with open(os.path.join(logs, f"{what}.log"), "ab") as log:
-                procs.append(
-                    subprocess.Popen(
-                        argv,
-                        env=env,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        stdin=subprocess.DEVNULL,
-                        start_new_session=True,
-                    )
-                )
-        print(
-            f"hetbench worker: joined {head} as '{label}' (Ray node + Dask worker '{name}'); "
-            f"Ctrl-C leaves nothing running. Logs: {logs}",
-            file=sys.stderr,
-            flush=True,
+        commands = dict((what, argv) for argv, what in node_commands(head, ray_port, dask_port, label, name))
+        for what, argv in commands.items():
+            start(argv, what)
+        check_both_directions(head, route_address(head), scheduler, timeout_s)
+        if warning := gloo_warning(route_address(head), scheduler, timeout_s):
+            say(f"warning: {warning}")
+        say(
+            f"joined {head} as '{label}' (Ray node + Dask worker '{name}'); Ctrl-C leaves nothing running. Logs: {logs}"
         )
+        rejoins = 0
         try:
-            while all(p.poll() is None for p in procs):
+            while True:
                 time.sleep(0.5)
+                if procs["dask"].poll() is not None:
+                    break
+                if procs["ray"].poll() is not None:
+                    if rejoins == REJOINS:
+                        break
+                    # the head drops a node that stopped answering (a Mac asleep): join again, as new
+                    rejoins += 1
+                    stop_trees([procs["ray"]])
+                    say(f"the Ray node ended (exit {procs['ray'].returncode}; asleep?): joining {head} again")
+                    start(commands["ray"], "ray")
         except KeyboardInterrupt:  # the normal way out: nothing to read afterwards
             keep_logs = False
             raise
-        ended = next(p for p in procs if p.poll() is not None)
+        ended = next(p for p in procs.values() if p.poll() is not None)
         raise UserError(
             f"'{' '.join(ended.args[:3])} ...' ended with exit code {ended.returncode} "
             f"(logs: {logs}); stopped this worker"
         )
     finally:
-        stop_trees(procs)
+        stop_trees(list(procs.values()))
         if not keep_logs:
             shutil.rmtree(logs, ignore_errors=True)
+
+
+def say(line: str) -> None:
+    print(f"hetbench worker: {line}", file=sys.stderr, flush=True)

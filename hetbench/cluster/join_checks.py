@@ -1,0 +1,140 @@
+"""What a machine must pass to join a head: the same Python minor release, Ray, torch and hetbench
+code; an arm64 Python on a Mac; a readable Ray token; and every node port reachable both ways.
+Each failure is one sentence naming what to change."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import sys
+import time
+from importlib import metadata
+from pathlib import Path
+
+from hetbench.cluster.nodes import DASK_WORKER_PORT, RAY_NODE_PORTS
+from hetbench.errors import UserError
+from hetbench.identity import code_hash
+
+MATCHED = ("ray", "torch")  # with Python's version and hetbench's code: what must equal the head's
+
+
+def versions() -> dict:
+    """This machine's Python minor release, the packages whose versions must match across nodes,
+    and the hash of hetbench's own code (a stale image against a newer checkout has the same
+    version string but not the same code)."""
+
+    def version(package):
+        try:
+            return metadata.version(package).split("+")[0]  # torch 2.13.0+cpu and 2.13.0 are one release
+        except metadata.PackageNotFoundError:
+            return None
+
+    python = ".".join(platform.python_version_tuple()[:2])  # the minor release (hetbench/__init__.py)
+    return {"python": python, **{p: version(p) for p in MATCHED}, "hetbench code": code_hash()}
+
+
+def head_versions(scheduler: str, timeout_s: float) -> dict:
+    from distributed import Client
+
+    with Client(scheduler, timeout=timeout_s) as client:
+        return client.run_on_scheduler(versions)
+
+
+def check_versions(mine: dict, head: dict) -> None:
+    wrong = [f"{k} {mine[k]} here but {head.get(k)} on the head" for k in mine if mine[k] != head.get(k)]
+    if wrong:
+        raise UserError(
+            f"version mismatch: {'; '.join(wrong)}; check out the head's commit and install the pinned "
+            "versions (deploy/mac/worker.sh does, from deploy/constraints.txt), or rebuild the head's image"
+        )
+
+
+# The ports each side of a join must reach on the other besides the head's GCS and scheduler, by name
+LISTENED = {
+    RAY_NODE_PORTS["node-manager-port"]: "Ray node manager",
+    RAY_NODE_PORTS["object-manager-port"]: "Ray object manager",
+    DASK_WORKER_PORT: "Dask worker",
+}
+
+
+def unreachable(host: str, ports: list[int], timeout_s: float) -> list[int]:
+    """The ports of `host` a TCP connection from here does not reach within `timeout_s` each."""
+    blocked = []
+    for port in ports:
+        try:
+            socket.create_connection((host, port), timeout=timeout_s).close()
+        except OSError:
+            blocked.append(port)
+    return blocked
+
+
+def check_both_directions(head: str, here: str, scheduler: str, timeout_s: float) -> None:
+    """This machine reaches the head's node ports, and the head reaches this one's (asked of the head
+    through its Dask scheduler, once this node's processes listen): a blocked port, named, in one sentence."""
+    blocked = unreachable(head, list(LISTENED), timeout_s)
+    if blocked:
+        raise UserError(_blocked(f"this machine cannot reach the head at {head}", blocked, "the desktop's"))
+    deadline = time.monotonic() + timeout_s
+    while unreachable(here, list(LISTENED), 1.0):  # our own processes still starting
+        if time.monotonic() > deadline:
+            raise UserError(f"this node's Ray node and Dask worker did not listen on {here} within {timeout_s:g} s")
+        time.sleep(0.5)
+    from distributed import Client
+
+    with Client(scheduler, timeout=timeout_s) as client:
+        blocked = client.run_on_scheduler(unreachable, here, list(LISTENED), timeout_s)
+    if blocked:
+        raise UserError(_blocked(f"the head cannot reach this machine at {here}", blocked, "this machine's"))
+
+
+def gloo_warning(here: str, scheduler: str, timeout_s: float) -> str | None:
+    """Whether the head reaches a port of this machine's ephemeral range, as gloo's ranks must (it
+    picks its ports at random): a warning, since the Ray and Dask strategies run without it."""
+    from distributed import Client
+
+    with socket.socket() as listening:
+        listening.bind((here, 0))  # where gloo's listeners go: any port of the ephemeral range
+        listening.listen()
+        port = listening.getsockname()[1]
+        with Client(scheduler, timeout=timeout_s) as client:
+            # a LAN connects in milliseconds; a firewall that drops would hold the join for timeout_s
+            if not client.run_on_scheduler(unreachable, here, [port], min(timeout_s, 5.0)):
+                return None
+    return (
+        f"the head cannot reach this machine's ephemeral ports (tried {port}): gloo's strategies and the "
+        "gloo-floor row will stall; let the head in on them, e.g. allow incoming connections for "
+        f"{sys.executable} in the macOS firewall (README: Ports)"
+    )
+
+
+def _blocked(who: str, ports: list[int], firewall: str) -> str:
+    named = ", ".join(f"{port} ({LISTENED[port]})" for port in ports)
+    return f"{who} on port {named}: let it through {firewall} firewall (README: Ports)"
+
+
+def check_token() -> None:
+    if os.environ.get("RAY_AUTH_MODE", "token") != "token" or os.environ.get("RAY_AUTH_TOKEN"):
+        return
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if not path:
+        raise UserError(
+            "no Ray token: put the head's token (its .ray-token file) in ~/.config/hetbench/ray-token "
+            "or point RAY_AUTH_TOKEN_PATH at it, so this node can join"
+        )
+    try:
+        if not Path(path).expanduser().read_text().strip():
+            raise UserError(f"the Ray token file {path} is empty: copy the head's .ray-token into it")
+    except OSError as e:
+        raise UserError(
+            f"cannot read the Ray token file {path} ({e.strerror or e}): copy the desktop's .ray-token there"
+        ) from None
+
+
+def check_machine() -> None:
+    """On a Mac, an x86-64 Python (under Rosetta) gets no MPS: the 'Mac' would train on its CPU."""
+    if platform.system() == "Darwin" and platform.machine() != "arm64":
+        raise UserError(
+            f"this Python is {platform.machine()} (under Rosetta), which has no MPS: "
+            "install an arm64 Python 3.11 (e.g. from python.org or Homebrew in /opt/homebrew)"
+        )
