@@ -16,6 +16,7 @@ import yaml
 from hetbench.balance import split_batch
 from hetbench.data import MIRRORS
 from hetbench.errors import UserError
+from hetbench.inputs import load_yaml, read_text
 
 DEFAULTS: dict = {
     "name": None,  # run name; defaults to the config file's stem
@@ -102,11 +103,9 @@ def load_config(path: str | None, overrides: list[str] = ()) -> dict:
     """Resolve a config: defaults, then the YAML file, then `key=value` overrides; validated."""
     raw: dict = {}
     if path:
-        file = Path(path)
-        if not file.is_file():
-            raise UserError(f"config file {path} does not exist")
+        text = read_text(path, "config file")
         try:
-            raw = yaml.safe_load(file.read_text()) or {}
+            raw = load_yaml(text) or {}
         except yaml.YAMLError as e:
             where = getattr(e, "problem_mark", None)
             at = f" at line {where.line + 1}" if where else ""
@@ -151,7 +150,7 @@ def apply_override(raw: dict, item: str) -> None:
     if not sep or not key:
         raise UserError(f"--set takes key=value, got '{item}'")
     try:
-        value = yaml.safe_load(text)
+        value = load_yaml(text)
     except yaml.YAMLError:
         value = text
     *parents, leaf = key.split(".")

@@ -116,6 +116,32 @@ def test_results_dir_not_writable(config, tmp_path):
     assert_one_line_error(result, "is not writable")
 
 
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: [*b, *b, *b, *b, *b]\n"
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary"), "is not UTF-8 text"),
+        (lambda p: p.mkdir(), "is a directory, not a file"),
+        (lambda p: p.write_text(BOMB), "anchors and aliases (*name) are not allowed"),
+        (lambda p: open(p, "wb").truncate(17 * 1024 * 1024), "bytes: more than"),
+    ],
+    ids=["binary", "directory", "alias-bomb", "huge"],
+)
+def test_a_config_that_is_not_a_config_file_is_one_sentence(tmp_path, make, message):
+    path = tmp_path / "cfg.yaml"
+    make(path)
+    assert_one_line_error(hetbench("run", "-c", str(path)), message)
+    assert_one_line_error(hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "x=*a"), "unknown config key")
+
+
+def test_a_record_file_that_is_not_text_or_a_directory_is_one_sentence(tmp_path):
+    (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00binary")
+    assert_one_line_error(hetbench("report", str(tmp_path / "bin.json")), "is not UTF-8 text")
+    assert_one_line_error(hetbench("report", str(tmp_path)), "is a directory, not a file")
+
+
 def test_report_of_a_missing_or_foreign_file(tmp_path):
     assert_one_line_error(hetbench("report", str(tmp_path / "none.json")), "does not exist")
     foreign = tmp_path / "x.json"

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from hetbench.errors import UserError
+from hetbench.inputs import read_text
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
 from hetbench.strategies.base import StepTiming
 
@@ -57,13 +58,13 @@ class RunCheckpoints:
         atomic_write(self.dir / "run.json", json.dumps({"config": redacted(cfg), "standalone": standalone}, indent=2))
 
     def load_run(self) -> tuple[dict, dict | None]:
-        try:
-            saved = json.loads((self.dir / "run.json").read_text())
-        except FileNotFoundError:
+        if not (self.dir / "run.json").exists():
             raise UserError(
                 f"run {self.dir.name} kept no checkpoints ({self.dir / 'run.json'} is missing; "
                 "runs keep them with checkpoint_every > 0)"
-            ) from None
+            )
+        try:
+            saved = json.loads(read_text(self.dir / "run.json", "checkpoint file"))
         except json.JSONDecodeError as e:
             raise UserError(f"{self.dir / 'run.json'} is not valid JSON: {e}") from None
         return saved["config"], saved["standalone"]

@@ -16,6 +16,7 @@ from pathlib import Path
 from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
+from hetbench.inputs import read_text
 
 SECRET_KEYS = ("token", "password", "secret")
 
@@ -136,10 +137,8 @@ def read_records(paths: list[str]) -> list[dict]:
     records: list[dict] = []
     for p in paths:
         try:
-            data = json.loads(Path(p).read_text())
-        except FileNotFoundError:
-            raise UserError(f"record file {p} does not exist") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            data = json.loads(read_text(p, "record file"))
+        except json.JSONDecodeError as e:
             raise UserError(f"record file {p} is not valid JSON: {e}") from None
         items = data if isinstance(data, list) else [data]
         if not all(isinstance(r, dict) and "strategy" in r for r in items):
