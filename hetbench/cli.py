@@ -43,7 +43,7 @@ def cmd_report(args) -> int:
     if not files:
         raise UserError(f"no record files given and none under {args.results_dir}/raw")
     records = read_records(files)
-    print(markdown(records))
+    print(markdown(records, wide=args.wide))
     if args.name:
         md, csv = write_tables(records, args.results_dir, args.name)
         print(f"\ntables: {md}, {csv}", file=sys.stderr)
@@ -106,6 +106,7 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="*", help="record JSON files (default: the newest under RESULTS_DIR/raw)")
     report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")
     report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
+    report.add_argument("--wide", action="store_true", help="print every column (the CSV's), not the 10 that answer")
     report.set_defaults(func=cmd_report)
 
     worker = sub.add_parser(

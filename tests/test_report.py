@@ -58,7 +58,12 @@ def test_baseline_first_then_floor_with_relative_columns():
 
 def test_markdown_and_csv_render_the_same_rows():
     md = markdown(KNOWN)
-    assert md.splitlines()[2].startswith("| single") and "0.50x" in md and "2.00x" in md
+    table = [line for line in md.splitlines() if line.startswith("|")]
+    assert table[2].startswith("| single") and "0.50x" in md and "10.0 (2.00x)" in md and "500.0 ± 10.0%" in md
+    assert md.startswith("Verdict: keep to w0 alone (1,000 samples/s)")
+    assert table[0].count("|") - 1 <= 10  # the default table answers; --wide has every column
+    wide = [line for line in markdown(KNOWN, wide=True).splitlines() if line.startswith("|")]
+    assert wide[0].count("|") - 1 == len(COLUMNS)
     parsed = list(csv.DictReader(io.StringIO(to_csv(KNOWN))))
     assert [r["strategy"] for r in parsed] == ["single", "gloo-floor", "ray-ps", "dask-sync"]
     assert float(parsed[2]["vs baseline"]) == 0.5

@@ -12,6 +12,7 @@ from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import write_plots
 from hetbench.results.records import atomic_write, hand_to_owner
+from hetbench.results.verdict import verdict
 from hetbench.strategies.registry import BASELINE
 
 COLUMNS = [
@@ -135,9 +136,44 @@ def _fmt(value, column: str) -> str:
     return str(value)
 
 
-def markdown(records: list[dict]) -> str:
-    body = [[_fmt(v, c) for v, c in zip(row, COLUMNS)] for row in rows(records)]
-    return tabulate(body, headers=COLUMNS, tablefmt="github", disable_numparse=True)
+# The default table: what answers "which way pays" (every column stays in the CSV and --wide)
+NARROW = [
+    "strategy",
+    "balance",
+    "workers",
+    "samples/s ± CV",
+    "vs baseline",
+    "scaling eff",
+    "sync overhead ms (vs floor)",
+    "test acc",
+    "time to target s",
+    "status",
+]
+
+
+def _narrow(cells: dict) -> list[str]:
+    """A row of formatted wide cells as the NARROW columns (two of them pair a figure with its spread or ratio)."""
+
+    def pair(figure: str, extra: str, form: str) -> str:
+        return cells[figure] if cells[extra] == "-" else form.format(cells[figure], cells[extra])
+
+    paired = {
+        "samples/s ± CV": pair("samples/s", "CV", "{} ± {}"),
+        "sync overhead ms (vs floor)": pair("sync overhead ms", "vs floor", "{} ({})"),
+    }
+    return [paired.get(c, cells.get(c)) for c in NARROW]
+
+
+def markdown(records: list[dict], wide: bool = False) -> str:
+    """The comparison table, verdict first; `wide`: every column of the CSV."""
+    formatted = [{c: _fmt(v, c) for v, c in zip(row, COLUMNS)} for row in rows(records)]
+    if wide:
+        headers, body = COLUMNS, [[cells[c] for c in COLUMNS] for cells in formatted]
+    else:
+        headers, body = NARROW, [_narrow(cells) for cells in formatted]
+    table = tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+    answer = "\n".join(verdict(records))
+    return f"{answer}\n\n{table}" if answer else table
 
 
 def to_csv(records: list[dict]) -> str:
@@ -188,6 +224,8 @@ def legend(records: list[dict]) -> str:
 
 
 LEGEND = """\
+The CSV and `hetbench report --wide` hold every column: compute, comm, update and wait ms,
+floor-predicted samples/s, startup s. vs baseline: over the best machine alone (the single row).
 samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
 compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
 gradients or weights (update: the part of comm a parameter server spends in its optimizer step),

@@ -1,0 +1,106 @@
+"""The answer first: which strategy and split to use on these machines, or that one machine alone is
+best, and why each other row loses; derived from a run's records, never written by hand."""
+
+from __future__ import annotations
+
+from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.strategies.registry import BASELINE
+
+
+def verdict(records: list[dict]) -> list[str]:
+    """The verdict's lines: the answer, then one line per other row."""
+    base = _ok(records, BASELINE)
+    rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
+    if not base or not rows:
+        return []
+    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
+    alone = (base.get("reference") or {}).get("worker") or base["workers"][0]["name"]
+    best = max(rows, key=lambda r: r["samples_per_s"])
+    noise = max(base.get("samples_per_s_cv") or 0.0, best.get("samples_per_s_cv") or 0.0)
+    if best["samples_per_s"] > base["samples_per_s"] * (1 + noise):
+        lines = [
+            f"Verdict: use {_label(best)} on {_machines(best)}: {best['samples_per_s']:,.0f} samples/s, "
+            f"{best['samples_per_s'] / base['samples_per_s']:.2f}x {alone} alone ({base['samples_per_s']:,.0f})"
+            f"{_to_target(best, base, alone)}."
+        ]
+    else:
+        ratio = best["samples_per_s"] / base["samples_per_s"]
+        spread = f", within the runs' spread of {noise:.0%}" if ratio > 1 else ""
+        lines = [
+            f"Verdict: keep to {alone} alone ({base['samples_per_s']:,.0f} samples/s): no strategy beats it "
+            f"here (best: {_label(best)}, {ratio:.2f}x{spread})."
+        ]
+        if change := what_would_change_it(best, base, floor):
+            lines.append(f"  What would change it: {change}.")
+    lines += [
+        f"  {_label(r)}: {r['samples_per_s'] / base['samples_per_s']:.2f}x, {why_it_loses(r, floor)}"
+        for r in rows
+        if r is not best
+    ]
+    return lines
+
+
+def why_it_loses(record: dict, floor: dict | None) -> str:
+    """The largest part of its step beyond the slowest worker's compute: idling for the slow worker,
+    the link (its transfers of the model at the floor's time), or its own overhead beyond both."""
+    step = record.get("step") or {}
+    total, overhead, wait = step.get("total_s"), step.get("sync_overhead_s"), step.get("wait_s") or 0.0
+    if not total or overhead is None:
+        return "no step timings in its record"
+    link = (record.get("floor_transfers") or 0) * floor["allreduce_s"] if floor else 0.0
+    parts = {
+        "waits for the slow worker": wait,
+        "link-bound": min(link, overhead),
+        "overhead": max(overhead - link, 0.0),
+    }
+    reason = max(parts, key=parts.get)
+    ms = parts[reason] * 1000
+    if reason == "waits for the slow worker":
+        return f"waits for the slow worker: the fastest idles {ms:.0f} ms of each {total * 1000:.0f} ms step"
+    if reason == "link-bound":
+        return (
+            f"link-bound: moving the model {record['floor_transfers']}x a step takes {ms:.0f} ms of each "
+            f"{total * 1000:.0f} ms step at the floor's {floor['allreduce_s'] * 1000:.1f} ms"
+        )
+    return f"overhead: {ms:.0f} ms a step beyond compute and the link's share, of {total * 1000:.0f} ms"
+
+
+def what_would_change_it(best: dict, base: dict, floor: dict | None) -> str | None:
+    """From the measured speeds alone and the floor: the global batch from which an all-reduce over
+    this link pays, and the all-reduce time at which it pays at this batch."""
+    speeds = [w.get("standalone_samples_per_s") for w in best.get("workers", [])]
+    if not floor or not all(speeds):
+        return None
+    together, one = sum(speeds), base["samples_per_s"]
+    if together <= one * 1.001:
+        return "nothing on this link or batch: the other machines add no speed even with a free link"
+    gain = 1 / one - 1 / together  # seconds per sample saved by splitting the batch, before syncing
+    allreduce = floor["allreduce_s"]
+    batch = (best.get("config") or {}).get("batch_size") or base["split"][0]
+    pays_at = allreduce / gain
+    needed = batch * gain
+    return (
+        f"with one all-reduce a step (the {allreduce * 1000:.0f} ms floor of this link), a global batch "
+        f"above {pays_at:,.0f} (now {batch}), or at this batch a link whose all-reduce of the model takes "
+        f"under {needed * 1000:.0f} ms"
+    )
+
+
+def _ok(records: list[dict], name: str) -> dict | None:
+    return next((r for r in records if r["strategy"] == name and r.get("samples_per_s")), None)
+
+
+def _label(record: dict) -> str:
+    return record["strategy"] + (f" [{record['balance']}]" if record.get("balance") else "")
+
+
+def _machines(record: dict) -> str:
+    return " + ".join(f"{w['name']} ({w.get('device', '?')}, batch {w.get('batch', '?')})" for w in record["workers"])
+
+
+def _to_target(record: dict, base: dict, alone: str) -> str:
+    mine, theirs = record.get("time_to_target_s"), base.get("time_to_target_s")
+    target = record.get("target_accuracy")
+    if mine is None or theirs is None or target is None:
+        return ""
+    return f"; {target:.0%} test accuracy after {mine:.0f} s of training against {theirs:.0f} s for {alone} alone"
