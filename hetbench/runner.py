@@ -8,7 +8,6 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from hetbench.balance import balanced, resplit_due
 from hetbench.clock import cv, median, now
@@ -19,6 +18,7 @@ from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import FlatModel, count_parameters
+from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown, write_tables
@@ -64,7 +64,7 @@ def train_repeat(
     if resume:
         strategy.load_state(resume["state"])
         progress = {k: resume[k] for k in progress}
-        bar.update(progress["next_step"])
+        bar.update(progress["next_step"], resumed=True)
     timed, curve = progress["timed"], progress["curve"]
     clock, time_to_target = progress["train_s"], progress["time_to_target_s"]
     total = cfg["warmup_steps"] + cfg["steps"]
@@ -163,6 +163,7 @@ def run_strategy(
     standalone: dict | None = None,
     checkpoints: RunCheckpoints | None = None,
     cluster=None,
+    label: str | None = None,
 ) -> dict:
     base = {"strategy": name, "config": redacted(cfg), "env": env, **scenario(name, cfg)}
     try:
@@ -187,9 +188,11 @@ def run_strategy(
         startup_s = now() - started
         total = cfg["repeats"] * (cfg["warmup_steps"] + cfg["steps"])
         repeats = [from_saved(r) for r in saved["done"]] if saved else []
-        with tqdm(total=total, desc=name, unit="step", file=sys.stderr, disable=None, leave=False) as bar:
-            bar.update(len(repeats) * (cfg["warmup_steps"] + cfg["steps"]))
+        with Progress(label or name, total, cfg["repeats"]) as bar:
+            if repeats:
+                bar.update(len(repeats) * (cfg["warmup_steps"] + cfg["steps"]), resumed=True)
             for r in range(len(repeats), cfg["repeats"]):
+                bar.repeat(r)
                 save = saver(checkpoints, key, repeats) if checkpoints and cls.resumable else None
                 resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
                 repeats.append(
@@ -346,7 +349,8 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                 standalone = speeds(at_start)
                 if checkpoints:  # a resumed run splits as this one did
                     checkpoints.save_run(cfg, standalone)
-            for name, balance in scenarios(cluster_cfg):
+            planned = scenarios(cluster_cfg)
+            for n, (name, balance) in enumerate(planned, 1):
                 scenario_cfg, reference = cluster_cfg, None
                 if name == BASELINE:
                     scenario_cfg, reference = reference_first(cluster_cfg, standalone)
@@ -358,7 +362,8 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     continue
                 log.info("running %s", label)
                 try:
-                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints, cluster)
+                    where = f"[{n}/{len(planned)}] {label}"  # the progress line's
+                    record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints, cluster, where)
                 except RunFailed as e:  # keep what failed in the records too, then end the run
                     out.add(
                         {
