@@ -1,5 +1,12 @@
-"""The compose smoke test's checks, through the Docker SDK: the runner finished cleanly, its records
-show work on both the desktop and the mac node, the tables and plots were written, no token leaked."""
+"""The compose smoke test's checks (deploy/ci/compose-smoke.sh), through the Docker SDK:
+
+gpu-policy FILE   every service of `compose config --format json` that trains reserves the GPU
+run ...           the runner finished cleanly; its newest records hold the given strategies, the
+                  distributed ones on the desktop and the mac node, the reference rows on the
+                  workers' nodes; tables and plots were written; the Ray token is nowhere else
+woke ...          after the mac's worker was stopped (a sleep) and continued, it joined again or
+                  ended in one sentence: it did not hang
+"""
 
 from __future__ import annotations
 
@@ -7,9 +14,15 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import docker
+
+SERVICES = ("ray-head", "dask-scheduler", "dask-worker", "runner")
+DISTRIBUTED = ("ray-ps", "dask-sync", "ray-train-gloo")
+# what a service's command starts when it trains (or checks the device training needs)
+TRAINS = ("ray start", "distributed.cli.dask_worker", "hetbench devices")
 
 
 def fail(message: str, runner=None) -> None:
@@ -18,19 +31,67 @@ def fail(message: str, runner=None) -> None:
     sys.exit(f"check_compose: {message}")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--project", required=True, help="compose project name")
-    ap.add_argument("--results", required=True, help="the runner's bind-mounted results directory")
-    ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for the runner")
-    args = ap.parse_args()
+def gpu_policy(args) -> None:
+    services = json.loads(Path(args.file).read_text())["services"]
+    checked = []
+    for name, service in services.items():
+        command = " ".join(service.get("command") or [])
+        if not any(start in command for start in TRAINS):
+            continue
+        devices = ((service.get("deploy") or {}).get("resources") or {}).get("reservations", {}).get("devices") or []
+        if not any("gpu" in (d.get("capabilities") or []) for d in devices):
+            fail(f"service {name} trains ({command.split()[0]} ...) but reserves no GPU")
+        checked.append(name)
+    if not checked:
+        fail("no service of the compose file trains: the policy checked nothing")
+    print(f"check_compose: ok: {', '.join(checked)} reserve the GPU")
 
+
+def check_records(records: list[dict], strategies: list[str], floor: bool) -> None:
+    for strategy in (s for s in strategies if s in DISTRIBUTED):
+        rows = [r for r in records if r["strategy"] == strategy and r["status"] == "ok"]
+        if not rows:
+            fail(f"no ok {strategy} record: {[(r['strategy'], r['status'], r.get('reason')) for r in records]}")
+        nodes = {w["node"] for r in rows for w in r["workers"]}
+        if nodes != {"desktop", "mac"}:
+            fail(f"{strategy} ran on nodes {sorted(nodes)}, not desktop and mac")
+    if "ray-ps" in strategies:
+        ps = next(r for r in records if r["strategy"] == "ray-ps")["workers"]
+        if ps[0]["node_id"] == ps[1]["node_id"]:
+            fail("ray-ps's desktop and mac workers ran on one Ray node")
+    if "single" in strategies:
+        single = next(r for r in records if r["strategy"] == "single")
+        (worker,) = single["workers"]
+        (spec,) = [w for w in single["config"]["workers"] if w["name"] == single["reference"]["worker"]]
+        if worker["node"] != spec["node"] or not worker["device"].startswith(spec["device"].replace("auto", "")):
+            fail(f"the baseline ran on {worker}, not on the reference worker's node and device ({spec})")
+    if floor:
+        row = next((r for r in records if r["strategy"] == "gloo-floor"), {})
+        if row.get("status") != "ok" or sorted(row["path"]["nodes"]) != ["desktop", "mac"]:
+            fail(f"the gloo floor did not run between the desktop and the mac: {row.get('path') or row.get('reason')}")
+
+
+def check_token_kept(client, services: dict, results: Path, token: str, worker_log: Path) -> None:
+    """The token only in its file: not in records, logs, any container's environment or the image's history."""
+    places = {str(p): p.read_text(errors="replace") for p in results.rglob("*") if p.suffix in (".json", ".md", ".csv")}
+    places["the mac's worker log"] = worker_log.read_text(errors="replace")
+    for name, container in services.items():
+        places[f"{name}'s environment (docker inspect)"] = "\n".join(container.attrs["Config"]["Env"] or [])
+        places[f"{name}'s log"] = container.logs().decode(errors="replace")
+    image = services["runner"].image
+    places["the image's history"] = json.dumps(image.history())
+    leaked = [where for where, text in places.items() if token in text]
+    if leaked:
+        fail(f"the Ray token appears in {', '.join(leaked)}")
+
+
+def run(args) -> None:
     client = docker.from_env(timeout=60)
     label = f"com.docker.compose.project={args.project}"
     services = {
         c.labels["com.docker.compose.service"]: c for c in client.containers.list(all=True, filters={"label": label})
     }
-    for name in ("ray-head", "dask-scheduler", "dask-worker", "runner"):
+    for name in SERVICES:
         if name not in services:
             fail(f"service {name} has no container (have: {', '.join(sorted(services))})")
     runner = services["runner"]
@@ -50,30 +111,75 @@ def main() -> None:
     if not files:
         fail(f"no desktop-mac records under {results / 'raw'}", runner)
     records = json.loads(files[-1].read_text())
-    for strategy in ("ray-ps", "dask-sync"):
-        rows = [r for r in records if r["strategy"] == strategy and r["status"] == "ok"]
-        if not rows:
-            fail(f"no ok {strategy} record: {[(r['strategy'], r['status'], r.get('reason')) for r in records]}")
-        nodes = {w["node"] for r in rows for w in r["workers"]}
-        if nodes != {"desktop", "mac"}:
-            fail(f"{strategy} ran on nodes {sorted(nodes)}, not desktop and mac")
-    ps = next(r for r in records if r["strategy"] == "ray-ps")["workers"]
-    if ps[0]["node_id"] == ps[1]["node_id"]:
-        fail("ray-ps's desktop and mac workers ran on one Ray node")
+    strategies = args.strategies.split(",")
+    if sorted(r["strategy"] for r in records if r["strategy"] != "gloo-floor") != sorted(strategies):
+        fail(f"the records hold {[r['strategy'] for r in records]}, not {strategies}")
+    check_records(records, strategies, args.floor)
     for table in ("desktop-mac.md", "desktop-mac.csv", "desktop-mac-throughput.png"):
         if not (results / table).is_file():
             fail(f"{table} was not written")
-    token = os.environ.get("RAY_AUTH_TOKEN") or next(
-        (
-            line.split("=", 1)[1]
-            for line in (Path(args.results).parent / "ci.env").read_text().splitlines()
-            if line.startswith("RAY_AUTH_TOKEN=")
-        ),
-        "",
+    owner = results.stat().st_uid
+    if any(p.stat().st_uid != owner for p in results.rglob("*")):
+        fail("some results are not owned by the results directory's owner")
+    check_token_kept(client, services, results, Path(args.token_file).read_text().strip(), Path(args.worker_log))
+    print(
+        f"check_compose: ok: {len(records)} records: {', '.join(strategies)}{' and the floor' * args.floor}, on "
+        "the nodes they belong on; tables written; the token only in its file"
     )
-    if token and any(token in p.read_text() for p in results.rglob("*") if p.suffix in (".json", ".md", ".csv")):
-        fail("the Ray token appears in the results")
-    print(f"check_compose: ok: {len(records)} records, ray-ps and dask-sync on desktop and mac, tables written")
+
+
+def woke(args) -> None:
+    """Joined again (and still up a while later), or ended with one error line: either, within the timeout."""
+    log = Path(args.worker_log)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        text = log.read_text(errors="replace")
+        if not _alive(args.worker_pid):
+            errors = [line for line in text.splitlines() if line.startswith("hetbench: error: ")]
+            if len(errors) != 1 or "Traceback" in text:
+                fail(f"the mac's worker ended after the sleep without one sentence:\n{text[-2000:]}")
+            print(f"check_compose: ok: after the sleep the mac's worker ended in one sentence: {errors[0]}")
+            return
+        if "joining" in text and "again" in text:
+            time.sleep(20)  # and stays: its Ray node came back up
+            if not _alive(args.worker_pid):
+                fail(f"the mac's worker joined again after the sleep, then ended:\n{text[-2000:]}")
+            print("check_compose: ok: after the sleep the mac's worker joined the head again")
+            return
+        time.sleep(1)
+    fail(f"the mac's worker neither joined again nor ended within {args.timeout:g} s of waking: it hangs")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(required=True)
+    policy = sub.add_parser("gpu-policy")
+    policy.add_argument("file", help="`docker compose config --format json` of compose.yaml")
+    policy.set_defaults(func=gpu_policy)
+    ran = sub.add_parser("run")
+    ran.add_argument("--project", required=True, help="compose project name")
+    ran.add_argument("--results", required=True, help="the runner's bind-mounted results directory")
+    ran.add_argument("--token-file", required=True, help="the Ray token's file")
+    ran.add_argument("--worker-log", required=True, help="the mac's worker.sh output")
+    ran.add_argument("--timeout", type=float, default=900, help="seconds to wait for the runner")
+    ran.add_argument("--strategies", required=True, help="the strategies the run has, comma-separated")
+    ran.add_argument("--floor", action="store_true", help="the run has the gloo-floor row, across the link")
+    ran.set_defaults(func=run)
+    slept = sub.add_parser("woke")
+    slept.add_argument("--worker-pid", type=int, required=True)
+    slept.add_argument("--worker-log", required=True)
+    slept.add_argument("--timeout", type=float, default=120)
+    slept.set_defaults(func=woke)
+    args = ap.parse_args()
+    args.func(args)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,12 @@ MIRROR=${MIRROR:-http://deb.debian.org/debian}
 export DOCKER_HOST=unix://$WORK/docker.sock DOCKER_CONFIG=$WORK/docker-config
 COMPOSE=(docker compose --project-name hetbench-ci --env-file "$WORK/ci.env" -f compose.yaml -f compose.cpu.yaml)
 DOCKERD_PID= WORKER_PID=
+# The "Mac": its own network namespace, joined to this host by a veth pair. MAC_PORTS: what its
+# firewall opens to the desktop, the ports README "Ports" lists for it (hetbench/cluster/nodes.py);
+# MAC_EPHEMERAL: macOS's ephemeral range, where gloo listens, opened for the gloo phase only.
+MAC_NS=hbmac-$$ HOST_END=hbd$$ MAC_END=hbm$$ HEAD_HOST=10.232.0.1 MAC_IP=10.232.0.2
+MAC_PORTS=6380:6385,8788,10002:10101
+MAC_EPHEMERAL=49152:65535
 
 say() { echo "compose-smoke: $*" >&2; }
 
@@ -31,6 +37,7 @@ cleanup() {
     kill -TERM "$WORKER_PID" 2>/dev/null; timeout 30 tail --pid="$WORKER_PID" -f /dev/null; kill -KILL "$WORKER_PID" 2>/dev/null
     [ $rc -ne 0 ] && tail -n 20 "$WORK/worker.log" >&2
   fi
+  ip netns del "$MAC_NS" 2>/dev/null  # the veth pair goes with it
   if [ -n "$DOCKERD_PID" ]; then
     docker image rm -f hetbench:ci hetbench-base:ci >/dev/null 2>&1
     kill -TERM "$DOCKERD_PID" 2>/dev/null; timeout 30 tail --pid="$DOCKERD_PID" -f /dev/null; kill -KILL "$DOCKERD_PID" 2>/dev/null
@@ -87,34 +94,86 @@ rm -rf "$WORK/rootfs"
 say "building hetbench:ci"
 DOCKER_BUILDKIT=0 docker build -q -f deploy/Dockerfile --build-arg BASE_IMAGE=hetbench-base:ci -t hetbench:ci . >/dev/null
 
-# 5. the desktop: compose (CPU variant) with a fresh token and this machine's address
-HEAD_HOST=$(hostname -I | awk '{print $1}')
-TOKEN=$("$VENV/bin/python" -c 'import secrets; print(secrets.token_hex(32))')
+# 5. the desktop: compose (CPU variant) with a fresh token file, listening on the host end of the
+#    "Mac"'s link; what compose would run on a GPU desktop must reserve the GPU for every service
+#    that trains (compose.yaml alone, checked in its resolved form)
+say "the mac's link: namespace $MAC_NS, desktop end $HEAD_HOST"
+ip netns add "$MAC_NS"
+ip link add "$HOST_END" type veth peer name "$MAC_END" netns "$MAC_NS"
+ip addr add "$HEAD_HOST/30" dev "$HOST_END" && ip link set "$HOST_END" up
+ip -n "$MAC_NS" addr add "$MAC_IP/30" dev "$MAC_END"
+ip -n "$MAC_NS" link set "$MAC_END" up && ip -n "$MAC_NS" link set lo up
+ip -n "$MAC_NS" route add default via "$HEAD_HOST"
+ip netns exec "$MAC_NS" sysctl -qw net.ipv4.ip_local_port_range="${MAC_EPHEMERAL/:/ }"
+MAC_FW=(ip netns exec "$MAC_NS" iptables)
+"${MAC_FW[@]}" -P INPUT DROP
+"${MAC_FW[@]}" -A INPUT -i lo -j ACCEPT
+"${MAC_FW[@]}" -A INPUT -m state --state ESTABLISHED,RELATED -j ACCEPT
+"${MAC_FW[@]}" -A INPUT -s "$HEAD_HOST" -p tcp -m multiport --dports "$MAC_PORTS" -j ACCEPT
+"$VENV/bin/python" -c 'import secrets; print(secrets.token_hex(32))' > "$WORK/ray-token"
+chmod 600 "$WORK/ray-token"
 mkdir -p "$WORK/results"
+chown 4242:4242 "$WORK/results"  # a user's ./results: what the runner (root) writes must end up theirs
+SHORT="--set steps=4 --set warmup_steps=1 --set repeats=1 --set eval_every=4 --set test_samples=500 \
+--set eval_samples=500 --set batch_size=64 --set standalone_steps=2 --set download=false --set floor.iterations=5"
 cat > "$WORK/ci.env" <<ENV
-RAY_AUTH_TOKEN=$TOKEN
+RAY_TOKEN_FILE=$WORK/ray-token
 HEAD_HOST=$HEAD_HOST
+DESK_DEVICE=cpu
 HETBENCH_TAG=ci
 RESULTS_DIR=$WORK/results
 WAIT_FOR_WORKERS_S=180
-HETBENCH_ARGS=--set steps=4 --set warmup_steps=1 --set repeats=1 --set eval_every=4 --set test_samples=500 --set eval_samples=500 --set batch_size=64 --set standalone_steps=2 --set strategies=[single,ray-ps,dask-sync] --set download=false --set floor.iterations=5
+HETBENCH_ARGS=$SHORT --set strategies=[single,ray-ps,dask-sync] --set floor.enabled=false
 ENV
 "${COMPOSE[@]}" config --quiet
-docker compose --env-file "$WORK/ci.env" -f compose.yaml config --quiet   # the GPU variant validates too
+docker compose --env-file "$WORK/ci.env" -f compose.yaml config --format json > "$WORK/compose-gpu.json"
+"$VENV/bin/python" deploy/ci/check_compose.py gpu-policy "$WORK/compose-gpu.json"
 say "compose up (head, scheduler, desktop worker) at $HEAD_HOST"
 "${COMPOSE[@]}" up -d --no-build ray-head dask-scheduler dask-worker
 
-# 6. the "Mac": the one command, natively on this host, CPU, in a venv of its own made from the
-#    same Python release as the image's (Ray refuses a node whose Python patch version differs)
+# 6. the "Mac": the one command, on this host's Python in a venv of its own, CPU, inside a network
+#    namespace of its own behind a default-deny firewall that opens only the documented ports
+#    (README: Ports) to the desktop; the desktop's services listen on the host end of the link.
 say "installing the mac node's venv (deploy/install.sh with ${MAC_PYTHON:-/usr/bin/python3.11})"
 PYTHON=${MAC_PYTHON:-/usr/bin/python3.11} VENV=$WORK/mac-venv bash deploy/install.sh >&2
-say "joining as the mac node: deploy/mac/worker.sh $HEAD_HOST"
-VENV=$WORK/mac-venv RAY_AUTH_TOKEN=$TOKEN bash deploy/mac/worker.sh "$HEAD_HOST" --timeout 120 \
-  > "$WORK/worker.log" 2>&1 &
+say "joining as the mac node from namespace $MAC_NS: deploy/mac/worker.sh $HEAD_HOST"
+ip netns exec "$MAC_NS" env VENV="$WORK/mac-venv" RAY_AUTH_TOKEN_PATH="$WORK/ray-token" \
+  bash deploy/mac/worker.sh "$HEAD_HOST" --timeout 120 > "$WORK/worker.log" 2>&1 &
 WORKER_PID=$!
 
-# 7. the runner waits for the mac, runs, writes results; the checks read them through the Docker SDK
-say "running the desktop-mac job"
+# 7. the runner waits for the mac, runs the Ray and Dask strategies with only the fixed ports open,
+#    writes results; the checks read them through the Docker SDK. The worker warned that gloo's
+#    ports are closed.
+CHECK_RUN=("$VENV/bin/python" deploy/ci/check_compose.py run --project hetbench-ci --results "$WORK/results"
+           --token-file "$WORK/ray-token" --worker-log "$WORK/worker.log" --timeout 900)
+say "running the desktop-mac job: Ray and Dask strategies, the mac's fixed ports open"
 "${COMPOSE[@]}" up -d --no-build runner
-"$VENV/bin/python" deploy/ci/check_compose.py --project hetbench-ci --results "$WORK/results" --timeout 900
+"${CHECK_RUN[@]}" --strategies single,ray-ps,dask-sync
+grep -q "cannot reach this machine's ephemeral ports" "$WORK/worker.log" \
+  || { say "the mac's worker did not warn that gloo's ports are closed"; exit 1; }
+
+# 8. nothing of the mac listens on every interface (Dask has no authentication)
+ip netns exec "$MAC_NS" ss -Htln > "$WORK/mac-listening.txt"
+if awk '{print $4}' "$WORK/mac-listening.txt" | grep -E '^(0\.0\.0\.0|\*|\[::\]):'; then
+  say "the mac node listens on every interface (above)"; exit 1
+fi
+
+# 8b. gloo: the mac's ephemeral ports opened to the desktop (README: Ports), ray-train-gloo and the
+#     floor across the link, in a second run of the runner
+"${MAC_FW[@]}" -A INPUT -s "$HEAD_HOST" -p tcp --dport "$MAC_EPHEMERAL" -j ACCEPT
+sed -i "s/^HETBENCH_ARGS=.*/HETBENCH_ARGS=$SHORT --set strategies=[ray-train-gloo]/" "$WORK/ci.env"
+say "running the desktop-mac job: ray-train-gloo and the floor, the mac's ephemeral ports open"
+"${COMPOSE[@]}" up -d --no-build --no-deps --force-recreate runner
+"${CHECK_RUN[@]}" --strategies ray-train-gloo --floor
+
+# 9. the Mac sleeps (every process of its worker stopped) long past the head's health checks, then
+#    wakes: its worker joins again, or ends in one sentence; it never hangs
+say "the mac sleeps for ${SLEEP_S:=90} s"
+descendants() { local child; for child in $(pgrep -P "$1"); do echo "$child"; descendants "$child"; done; }
+STOPPED=("$WORKER_PID" $(descendants "$WORKER_PID"))
+kill -STOP "${STOPPED[@]}" 2>/dev/null || true
+sleep "$SLEEP_S"
+kill -CONT "${STOPPED[@]}" 2>/dev/null || true
+"$VENV/bin/python" deploy/ci/check_compose.py woke --worker-pid "$WORKER_PID" --worker-log "$WORK/worker.log" \
+  --timeout 120
 say "passed"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The Mac's one command: join the desktop's cluster as the `mac` node and train on MPS.
-#   RAY_AUTH_TOKEN=<the desktop's .env token> deploy/mac/worker.sh HEAD_HOST
+#   deploy/mac/worker.sh HEAD_HOST
+# The Ray token is read from ~/.config/hetbench/ray-token (the desktop's .ray-token, copied), or
+# the file RAY_AUTH_TOKEN_PATH names: never from the shell's history or the Dask worker's environment.
 # Creates (or reuses) ./.venv with the versions locked in deploy/constraints.txt (Python 3.11),
 # refuses in one sentence if they differ from the head's, then runs a Ray node and a Dask worker
-# labelled `mac` until Ctrl-C, which stops both. Works on Linux too (CI uses it as the "Mac", on CPU).
+# labelled `mac` until Ctrl-C, which stops both; the Mac does not sleep meanwhile (caffeinate).
+# Works on Linux too (CI uses it as the "Mac", on CPU).
 set -euo pipefail
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
-  echo "usage: RAY_AUTH_TOKEN=... $0 HEAD_HOST [hetbench worker options, e.g. --label mac]" >&2
+  echo "usage: $0 HEAD_HOST [hetbench worker options, e.g. --label mac]" >&2
   exit 2
 fi
 HEAD_HOST=$1; shift
@@ -17,4 +20,12 @@ if [ ! -x "$VENV/bin/hetbench" ]; then  # reused as it is otherwise: the version
 fi
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1  # Ray refuses multi-node clusters on macOS without it
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
-exec "$VENV/bin/hetbench" worker --head "$HEAD_HOST" "$@"
+if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
+  export RAY_AUTH_TOKEN_PATH=${RAY_AUTH_TOKEN_PATH:-$HOME/.config/hetbench/ray-token}
+fi
+export PYTORCH_ENABLE_MPS_FALLBACK=0  # an op MPS lacks fails loudly, never runs on the CPU unseen
+KEEP_AWAKE=()  # expanded below as macOS's bash 3.2 allows an empty array under `set -u`
+if command -v caffeinate >/dev/null; then
+  KEEP_AWAKE=(caffeinate -is)  # no idle or system sleep while the worker runs (on AC power for -s)
+fi
+exec ${KEEP_AWAKE[@]+"${KEEP_AWAKE[@]}"} "$VENV/bin/hetbench" worker --head "$HEAD_HOST" "$@"

@@ -1,0 +1,98 @@
+"""The desktop + Mac deployment's promises that need no Docker or second machine: fixed, documented
+ports in one home; listening only toward the head; the Ray token kept from Dask and from the
+environment; a missing token file in one sentence. The compose smoke (deploy/ci) runs the rest."""
+
+import re
+
+import pytest
+import yaml
+
+from helpers import REPO
+from hetbench.cluster.join_checks import check_token
+from hetbench.cluster.nodes import DASK_WORKER_PORT, RAY_NODE_PORTS, fixed_port_args
+from hetbench.cluster.worker import node_commands, node_environments
+from hetbench.errors import UserError
+
+COMPOSE = yaml.safe_load((REPO / "compose.yaml").read_text())
+
+
+def test_compose_the_readme_and_the_smokes_firewall_name_the_fixed_ports_of_nodes_py():
+    head = COMPOSE["services"]["ray-head"]["command"]
+    assert all(arg in head.split() for arg in fixed_port_args())
+    assert f"--worker-port={DASK_WORKER_PORT}" in COMPOSE["services"]["dask-worker"]["command"].split()
+    readme = (REPO / "README.md").read_text()
+    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT]:
+        assert re.search(rf"\b{port}\b", readme), f"README does not list port {port}"
+    smoke = (REPO / "deploy/ci/compose-smoke.sh").read_text()
+    opened = re.search(r"^MAC_PORTS=(\S+)$", smoke, re.M).group(1)
+    ranges = [tuple(int(n) for n in part.split(":")) for part in opened.split(",")]
+    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT]:
+        assert any(r[0] <= port <= r[-1] for r in ranges), f"the smoke's firewall does not open {port}"
+
+
+def test_compose_gives_the_token_to_the_ray_services_only_and_from_a_file():
+    for name, service in COMPOSE["services"].items():
+        assert "RAY_AUTH_TOKEN" not in (service.get("environment") or {}), name
+        assert bool(service.get("secrets")) == (name in ("ray-head", "runner")), name
+    assert "RAY_AUTH_TOKEN" not in COMPOSE["x-node"]["environment"]
+    assert COMPOSE["x-node"]["environment"]["RAY_AUTH_TOKEN_PATH"] == "/run/secrets/ray-token"
+
+
+def test_the_macs_nodes_listen_toward_the_head_on_fixed_ports_and_dask_never_sees_the_token(monkeypatch):
+    monkeypatch.setenv("RAY_AUTH_TOKEN", "s3cret")
+    (ray, _), (dask, _) = node_commands("127.0.0.1", 6379, 8786, "mac", "mac")
+    assert "--node-ip-address=127.0.0.1" in ray and all(arg in ray for arg in fixed_port_args())
+    assert dask[dask.index("--host") + 1] == "127.0.0.1" and "0.0.0.0" not in dask
+    assert dask[dask.index("--worker-port") + 1] == str(DASK_WORKER_PORT)
+    envs = node_environments("127.0.0.1")
+    assert envs["ray"]["RAY_AUTH_TOKEN"] == "s3cret" and "RAY_AUTH_TOKEN" not in envs["dask"]
+    assert envs["ray"]["GLOO_SOCKET_IFNAME"] == "lo"  # the interface toward the head, not the host name's
+
+
+def test_a_missing_or_empty_token_file_is_one_sentence(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    monkeypatch.delenv("RAY_AUTH_TOKEN_PATH", raising=False)
+    with pytest.raises(UserError, match="no Ray token: put the head's token"):
+        check_token()
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(tmp_path / "ray-token"))
+    with pytest.raises(UserError, match="cannot read the Ray token file .*: copy the desktop's .ray-token there"):
+        check_token()
+    (tmp_path / "ray-token").write_text("\n")
+    with pytest.raises(UserError, match="is empty"):
+        check_token()
+    (tmp_path / "ray-token").write_text("abc\n")
+    check_token()
+
+
+def test_a_port_nothing_answers_at_is_named_as_blocked():
+    import socket
+
+    from hetbench.cluster.join_checks import unreachable
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        open_port = listening.getsockname()[1]
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))  # bound, not listening: a connection is refused
+            shut = closed.getsockname()[1]
+            assert unreachable("127.0.0.1", [open_port, shut], 2.0) == [shut]
+
+
+def test_the_smoke_opens_macos_ephemeral_range_for_gloo_and_the_readme_names_it():
+    from hetbench.cluster.nodes import MAC_EPHEMERAL_PORTS
+
+    smoke = (REPO / "deploy/ci/compose-smoke.sh").read_text()
+    low, high = MAC_EPHEMERAL_PORTS
+    assert re.search(rf"^MAC_EPHEMERAL={low}:{high}$", smoke, re.M)
+    assert f"macOS {low}-{high}" in (REPO / "README.md").read_text()
+
+
+def test_a_head_that_reaches_this_machines_ephemeral_ports_gives_no_gloo_warning():
+    from distributed import LocalCluster
+
+    from hetbench.cluster.join_checks import gloo_warning
+
+    with LocalCluster(n_workers=0, processes=False, scheduler_port=0, dashboard_address=None) as cluster:
+        assert gloo_warning("127.0.0.1", cluster.scheduler_address, 5.0) is None
