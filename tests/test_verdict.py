@@ -79,3 +79,26 @@ def test_machines_that_add_no_speed_are_told_so():
         w["standalone_samples_per_s"] = 1000.0
     assert "add no speed" in what_would_change_it(slow, {**SINGLE, "samples_per_s": 2000.0}, FLOOR)
     assert why_it_loses({"step": {}}, FLOOR) == "no step timings in its record"
+
+
+def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
+    from hetbench.results.whatif import floor_on, whatif
+
+    floor = {**FLOOR, "bytes": 4_800_000, "link": None}
+    # no emulated link: the whole measured 10 ms is the fixed part; 100 Mbit/s adds 4.8 MB x 8 / 1e8 = 384 ms
+    assert floor_on(floor, 100e6) == 0.010 + 0.384
+    # emulated at 100mbit and measured 394 ms: the same fixed 10 ms, so 10 Gbit/s takes 10 + 3.84 ms
+    emulated = {**floor, "allreduce_s": 0.394, "link": {"rate": "100mbit"}}
+    assert abs(floor_on(emulated, 10e9) - 0.01384) < 1e-9
+    text = whatif([SINGLE, floor, ALLREDUCE])
+    # 256 samples split by speed (4,000 samples/s together): 64 ms, plus one all-reduce a step
+    (row,) = [line for line in text.splitlines() if line.replace(" ", "").startswith("|ray-train-gloo[auto]|256|")]
+    assert [cell.strip() for cell in row.split("|")[3:7]] == [
+        "3,289 (1.10x)",
+        "2,278 (0.76x)",
+        "962 (0.32x)",
+        "559 (0.19x)",
+    ]
+    assert "ray-train-gloo -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
+    assert text.startswith("What if (predictions from this run's measurements, not measured)")
+    assert whatif([SINGLE, ALLREDUCE]) == ""  # no floor: nothing to predict from

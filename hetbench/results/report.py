@@ -13,6 +13,7 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import write_plots
 from hetbench.results.records import atomic_write, hand_to_owner
 from hetbench.results.verdict import verdict
+from hetbench.results.whatif import whatif
 from hetbench.strategies.registry import BASELINE
 
 COLUMNS = [
@@ -191,8 +192,10 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
     try:
         md_path.parent.mkdir(parents=True, exist_ok=True)
         pictures = "".join(f"\n![{p.stem}]({p.name})\n" for p in write_plots(records, results_dir, name))
+        predictions = f"{text}\n\n" if (text := whatif(records)) else ""
         atomic_write(
-            md_path, f"# hetbench: {name}\n\n{markdown(records)}\n\n{alone(records)}{legend(records)}\n{pictures}"
+            md_path,
+            f"# hetbench: {name}\n\n{markdown(records)}\n\n{predictions}{alone(records)}{legend(records)}\n{pictures}",
         )
         atomic_write(csv_path, to_csv(records))
         hand_to_owner(results_dir)  # the run's records, tables and plots: the last files a run writes

@@ -1,0 +1,92 @@
+"""What if the link or the batch were different: predicted samples/s of each synchronous strategy,
+from what this run measured (each worker's speed alone, the strategy's overhead beyond the floor,
+the floor itself). Predictions, printed as such beside the measured rows; never a measurement."""
+
+from __future__ import annotations
+
+from tabulate import tabulate
+
+from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.strategies.registry import BASELINE
+
+LINKS = {"10gbit": 10e9, "1gbit": 1e9, "wifi (200mbit)": 200e6, "100mbit": 100e6}  # bits per second
+BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
+
+
+def _rate(text: str | None) -> float | None:
+    """tc's rate ('100mbit', '1gbit', '500kbit') in bits per second."""
+    if not text:
+        return None
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return None
+
+
+def floor_on(floor: dict, rate: float) -> float:
+    """The floor's all-reduce on a link of `rate`: its fixed part (the measured time less the
+    measured link's transfer, when the link was emulated) plus the model's bytes at that rate."""
+    measured_rate = _rate((floor.get("link") or {}).get("rate"))
+    wire = floor["bytes"] * 8
+    fixed = max(floor["allreduce_s"] - wire / measured_rate, 0.0) if measured_rate else floor["allreduce_s"]
+    return fixed + wire / rate
+
+
+def predicted(record: dict, floor: dict, batch: int, rate: float | None) -> float | None:
+    """Samples/s at `batch` over `rate` (None: this run's own link): the batch split by speed, the
+    strategy's transfers at the floor's time on that link, and its own overhead beyond the floor
+    (and beyond waiting for the slow worker) as measured in this run."""
+    speeds = [w.get("standalone_samples_per_s") for w in record.get("workers", [])]
+    step, transfers = record.get("step") or {}, record.get("floor_transfers")
+    if not speeds or not all(speeds) or not transfers or step.get("sync_overhead_s") is None:
+        return None
+    own = max(step["sync_overhead_s"] - step.get("wait_s", 0.0) - transfers * floor["allreduce_s"], 0.0)
+    allreduce = floor["allreduce_s"] if rate is None else floor_on(floor, rate)
+    return batch / (batch / sum(speeds) + transfers * allreduce + own)
+
+
+def model_error(records: list[dict], floor: dict) -> str:
+    """The model checked against what it can be: each measured row, predicted at its own batch
+    and link, against its measured samples/s."""
+    checks = []
+    for r in records:
+        batch = (r.get("config") or {}).get("batch_size")
+        guess = predicted(r, floor, batch, None) if batch and r.get("samples_per_s") else None
+        if guess:
+            checks.append(f"{r['strategy']} {(guess - r['samples_per_s']) / r['samples_per_s']:+.0%}")
+    return (
+        f"The model on this run's own link and batch, predicted against measured: {', '.join(checks)}."
+        if checks
+        else ""
+    )
+
+
+def whatif(records: list[dict]) -> str:
+    """The what-if table (Markdown), or "" when the run lacks what it needs (the floor's bytes,
+    the workers' speeds alone, a baseline)."""
+    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s") and r.get("bytes")), None)
+    base = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
+    rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
+    if not floor or not base or not rows:
+        return ""
+    configured = (rows[0].get("config") or {}).get("batch_size") or base["split"][0]
+    body = []
+    for factor in BATCH_FACTORS:
+        batch = configured * factor
+        body.append([BASELINE, batch, *[f"{base['samples_per_s']:,.0f}" for _ in LINKS]])
+        for r in rows:
+            cells = [predicted(r, floor, batch, rate) for rate in LINKS.values()]
+            if any(c is None for c in cells):
+                continue
+            label = r["strategy"] + (f" [{r['balance']}]" if r.get("balance") else "")
+            body.append([label, batch, *[f"{c:,.0f} ({c / base['samples_per_s']:.2f}x)" for c in cells]])
+    if len(body) == len(BATCH_FACTORS):
+        return ""
+    table = tabulate(body, headers=["predicted samples/s", "batch", *LINKS], tablefmt="github", disable_numparse=True)
+    return (
+        "What if (predictions from this run's measurements, not measured): the batch split by the workers' "
+        "speeds alone, each strategy's transfers of the model at the floor's all-reduce time on that link "
+        f"(its fixed part plus the {floor['bytes'] / 1e6:.1f} MB at the link's rate), and its own overhead "
+        "beyond the floor as measured here. The single row stays as measured (per-sample cost taken as "
+        f"constant). {model_error(rows, floor)}\n\n" + table
+    )
