@@ -96,3 +96,20 @@ def test_a_head_that_reaches_this_machines_ephemeral_ports_gives_no_gloo_warning
 
     with LocalCluster(n_workers=0, processes=False, scheduler_port=0, dashboard_address=None) as cluster:
         assert gloo_warning("127.0.0.1", cluster.scheduler_address, 5.0) is None
+
+
+def test_the_pinned_ray_joins_a_node_of_another_python_patch_release_but_not_another_minor():
+    """The smoke's nodes share one Python (3.11.2: this machine's and the image's Debian); what makes a
+    Homebrew 3.11.y join the image's 3.11.x is Ray's minor-level match, which hetbench sets: checked
+    here against the pinned Ray's own version check."""
+    import platform
+
+    import ray
+    from ray._private.utils import check_version_info
+
+    import hetbench  # noqa: F401 - sets RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor
+
+    major, minor, _ = platform.python_version_tuple()
+    check_version_info({"ray_version": ray.__version__, "python_version": f"{major}.{minor}.99"}, "test")
+    with pytest.raises(RuntimeError, match="Version mismatch"):
+        check_version_info({"ray_version": ray.__version__, "python_version": f"{major}.{int(minor) + 1}.0"}, "test")
