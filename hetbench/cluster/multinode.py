@@ -11,10 +11,8 @@ processes and stopped by PID, never by name.
 from __future__ import annotations
 
 import copy
-import functools
 import logging
 import os
-import secrets
 import shutil
 import subprocess
 import sys
@@ -26,7 +24,7 @@ from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.netns import Link, check_can_emulate
 from hetbench.cluster.nodes import DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
-from hetbench.cluster.ray_connection import RAY_ENV
+from hetbench.cluster.ray_connection import RAY_ENV, process_token
 from hetbench.errors import UserError
 from hetbench.floor import free_port
 
@@ -42,14 +40,6 @@ HEALTH_CHECKS = {
 def placement_labels(cfg: dict) -> list[str]:
     """Placement labels in worker order; the first is the head node's (config.validate made sure of one)."""
     return list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
-
-
-@functools.cache
-def process_token() -> str:
-    """One fresh Ray token for every cluster this process starts: Ray keeps the token a process
-    first joined with for the process's life, so a second cluster with a token of its own (the
-    benchmark suite's next link or worker count) refused the driver."""
-    return secrets.token_hex(32)
 
 
 class LocalMultinode:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import secrets
 import shutil
 import signal
 import tempfile
@@ -18,6 +20,15 @@ RAY_ENV = {
     "RAY_DEDUP_LOGS": "0",  # worker output is off the terminal anyway (log_to_driver=False)
     "RAY_TRAIN_V2_ENABLED": "1",  # 2.60's default, pinned: ray-train-gloo is written for V2
 }
+
+
+@functools.cache
+def process_token() -> str:
+    """One Ray token for every cluster this process starts (private or local-multinode): Ray keeps
+    the token a process first used for the process's life, so a second cluster with a token of its
+    own (the benchmark suite's next link; a local-multinode run after a private one in one test
+    process) refused the driver. The environment's, if it has one; else a fresh one."""
+    return os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)
 
 
 class RayConnection:
@@ -102,6 +113,8 @@ class RayConnection:
         # this machine. Auth settings are left as this process had them when it imported Ray
         # (Ray reads them once, then): changing RAY_AUTH_MODE now would split driver and GCS.
         os.environ.pop("RAY_ADDRESS", None)
+        if os.environ.get("RAY_AUTH_MODE") == "token":
+            os.environ["RAY_AUTH_TOKEN"] = process_token()  # not ~/.ray's: see process_token
         self.temp_dir = tempfile.mkdtemp(prefix="hbray-")
         self.ray.init(
             address="local",
