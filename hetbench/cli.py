@@ -43,6 +43,17 @@ def cmd_report(args) -> int:
     if not files:
         raise UserError(f"no record files given and none under {args.results_dir}/raw")
     records = read_records(files)
+    if args.against:
+        from hetbench.results.whatif import against
+
+        checked = against(records, read_records(args.against))
+        if not checked:
+            raise UserError(
+                "--against needs a run over an emulated link (its gloo-floor row names the rate) and, in "
+                "the records given, a floor and the same rows with each worker's speed alone"
+            )
+        print(checked)
+        return 0
     print(markdown(records, wide=args.wide))
     if args.name:
         md, csv = write_tables(records, args.results_dir, args.name)
@@ -107,6 +118,13 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")
     report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
     report.add_argument("--wide", action="store_true", help="print every column (the CSV's), not the 10 that answer")
+    report.add_argument(
+        "--against",
+        nargs="+",
+        default=None,
+        metavar="LINKED",
+        help="check the what-if model: predict these records (a run over an emulated link) from FILES",
+    )
     report.set_defaults(func=cmd_report)
 
     worker = sub.add_parser(

@@ -161,6 +161,13 @@ def test_report_writes_tables_into_a_new_directory_and_refuses_an_unwritable_one
     assert_one_line_error(result, "is not writable")
 
 
+def test_report_against_a_run_without_an_emulated_link_is_refused(tmp_path):
+    records = tmp_path / "r.json"
+    records.write_text(json.dumps([{"strategy": "single", "status": "ok", "samples_per_s": 10.0, "workers": []}]))
+    result = hetbench("report", str(records), "--against", str(records))
+    assert_one_line_error(result, "--against needs a run over an emulated link")
+
+
 def test_verbose_shows_the_traceback(config):
     result = hetbench("-v", "run", "-c", config("stepps: 1\n"))
     assert result.returncode == 2 and "Traceback" in result.stderr

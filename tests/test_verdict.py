@@ -102,3 +102,18 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
     assert "ray-train-gloo -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
     assert text.startswith("What if (predictions from this run's measurements, not measured)")
     assert whatif([SINGLE, ALLREDUCE]) == ""  # no floor: nothing to predict from
+
+
+def test_what_if_is_checked_against_a_run_over_an_emulated_link():
+    from hetbench.results.whatif import against
+
+    floor = {**FLOOR, "bytes": 4_800_000, "link": None}
+    linked_floor = {**floor, "allreduce_s": 0.400, "link": {"rate": "100mbit"}}
+    linked = row("ray-train-gloo", 500.0, {"total_s": 0.5, "sync_overhead_s": 0.4, "wait_s": 0.0})
+    text = against([SINGLE, floor, ALLREDUCE], [linked_floor, linked])
+    lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:6]] for line in text.splitlines()[4:]}
+    # the floor: 10 ms fixed + 384 ms at 100 Mbit/s, against 400 measured
+    assert lines["gloo-floor"] == ["-", "394 ms", "400 ms", "-2%"]
+    # 256 / (0.064 + 0.394 + 0 own overhead) = 559 predicted, 500 measured
+    assert lines["ray-train-gloo"] == ["auto", "559", "500", "+12%"]
+    assert against([SINGLE, floor, ALLREDUCE], [linked]) == ""  # the linked run names no rate

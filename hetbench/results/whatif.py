@@ -53,7 +53,7 @@ def model_error(records: list[dict], floor: dict) -> str:
         batch = (r.get("config") or {}).get("batch_size")
         guess = predicted(r, floor, batch, None) if batch and r.get("samples_per_s") else None
         if guess:
-            checks.append(f"{r['strategy']} {(guess - r['samples_per_s']) / r['samples_per_s']:+.0%}")
+            checks.append(f"{r['strategy']} {_error(guess, r['samples_per_s'])}")
     return (
         f"The model on this run's own link and batch, predicted against measured: {', '.join(checks)}."
         if checks
@@ -64,7 +64,7 @@ def model_error(records: list[dict], floor: dict) -> str:
 def whatif(records: list[dict]) -> str:
     """The what-if table (Markdown), or "" when the run lacks what it needs (the floor's bytes,
     the workers' speeds alone, a baseline)."""
-    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s") and r.get("bytes")), None)
+    floor = _floor(records)
     base = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
     rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
     if not floor or not base or not rows:
@@ -90,3 +90,60 @@ def whatif(records: list[dict]) -> str:
         "beyond the floor as measured here. The single row stays as measured (per-sample cost taken as "
         f"constant). {model_error(rows, floor)}\n\n" + table
     )
+
+
+def against(base: list[dict], linked: list[dict]) -> str:
+    """The model validated: `base` (a run on its own link) predicts every synchronous row of
+    `linked` (the same machines over an emulated link, its floor naming the rate), beside what
+    `linked` measured, with the error. "" when either lacks what that needs."""
+    floor = _floor(base)
+    linked_floor = _floor(linked)
+    rate = _rate(((linked_floor or {}).get("link") or {}).get("rate"))
+    if not floor or not rate:
+        return ""
+    body = []
+    if linked_floor:
+        guess = floor_on(floor, rate)
+        body.append(
+            [
+                FLOOR,
+                "-",
+                f"{guess * 1e3:.0f} ms",
+                f"{linked_floor['allreduce_s'] * 1e3:.0f} ms",
+                _error(guess, linked_floor["allreduce_s"]),
+            ]
+        )
+    for row in linked:
+        model = next((r for r in base if _same_row(r, row)), None)
+        batch = (row.get("config") or {}).get("batch_size")
+        guess = predicted(model, floor, batch, rate) if model and batch and row.get("samples_per_s") else None
+        if guess:
+            body.append(
+                [
+                    row["strategy"],
+                    row.get("balance") or "-",
+                    f"{guess:,.0f}",
+                    f"{row['samples_per_s']:,.0f}",
+                    _error(guess, row["samples_per_s"]),
+                ]
+            )
+    if len(body) <= 1:
+        return ""
+    headers = ["row", "balance", "predicted", "measured", "error"]
+    return (
+        f"The what-if model checked: predicted from the run on its own link, measured over the emulated "
+        f"{linked_floor['link']['rate']} link (samples/s; the floor's all-reduce in ms).\n\n"
+        + tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+    )
+
+
+def _floor(records: list[dict]) -> dict | None:
+    return next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s") and r.get("bytes")), None)
+
+
+def _same_row(a: dict, b: dict) -> bool:
+    return a["strategy"] == b["strategy"] and a.get("balance") == b.get("balance") and a.get("samples_per_s")
+
+
+def _error(guess: float, measured: float) -> str:
+    return f"{(guess - measured) / measured:+.0%}"
