@@ -56,7 +56,7 @@ DEFAULTS: dict = {
         "rate": None,  # e.g. 100mbit, 1gbit (tc tbf, both ways); null = no emulation
     },
     "cluster": {
-        "mode": "local",  # local: private clusters per strategy; local-multinode: a node per label
+        "mode": "local",  # local: a private cluster per run; local-multinode: a node per label
         "ray_address": None,  # ray://host:10001 or host:6379 to join an existing cluster
         "dask_scheduler": None,  # tcp://host:8786 to join an existing scheduler
         "connect_timeout_s": 30.0,  # bound on joining either

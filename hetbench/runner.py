@@ -14,6 +14,7 @@ from hetbench.clock import cv, median, now
 from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.processes import peak_rss_mb
+from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
@@ -316,6 +317,24 @@ def wants_standalone(cfg: dict) -> bool:
     )
 
 
+def open_ray(cfg: dict) -> float | None:
+    """Ray started (or joined) once, before any row, for the whole run (ray_kept_for_the_run): no
+    row's startup pays for it. Its seconds; None where no row uses Ray."""
+    if not (cfg["floor"]["enabled"] or wants_standalone(cfg) or any(via(n) == "ray" for n in cfg["strategies"])):
+        return None
+    started = now()
+    connect(cfg)
+    return now() - started
+
+
+def via(name: str) -> str | None:
+    """The launcher a strategy's processes go through; None where it is unavailable (its row says why)."""
+    try:
+        return registry.load(name).via
+    except ImportError:
+        return None
+
+
 def run_floor(cfg: dict, env: dict) -> dict:
     base = {"strategy": FLOOR_NAME, "config": redacted(cfg), "env": env, "workers": []}
     try:
@@ -339,10 +358,11 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
     try:
         if checkpoints:
             checkpoints.save_run(cfg, standalone)
-        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, cluster):
+        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, cluster), ray_kept_for_the_run():
             if cluster_startup_s is not None:
                 print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
             cluster_cfg = wait_for_workers(cluster_cfg)
+            ray_startup_s = open_ray(cluster_cfg)
             at_start = None  # each worker's timings alone at the start (a resumed run has only their medians)
             if standalone is None and wants_standalone(cluster_cfg):
                 at_start = measure_standalone(cluster_cfg)
@@ -378,6 +398,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     )
                     raise
                 record["cluster_startup_s"] = cluster_startup_s
+                record["ray_startup_s"] = ray_startup_s  # once for the run, before every row: no row's startup
                 if reference:
                     record["reference"] = reference
                 out.add(record)

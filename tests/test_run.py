@@ -6,6 +6,8 @@ import statistics
 import pytest
 
 from helpers import hetbench, small_config
+from hetbench import runner
+from hetbench.cluster.ray_connection import RayConnection
 from hetbench.runner import run
 from hetbench.strategies import registry
 
@@ -54,6 +56,36 @@ def test_repeats_give_median_and_spread(tmp_path):
     rates = record["repeat_samples_per_s"]
     assert len(rates) == 3 and record["samples_per_s"] == statistics.median(rates)
     assert record["samples_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))
+
+
+def test_one_ray_serves_the_whole_run_and_each_row_stops_its_own_actors(tmp_path, monkeypatch):
+    import ray
+
+    opened, alive_at_row_start = [], []
+    open_ray = RayConnection.__init__
+    monkeypatch.setattr(RayConnection, "__init__", lambda self, *a: opened.append(a) or open_ray(self, *a))
+    run_row = runner.run_strategy
+
+    def counting_actors(*args, **kwargs):
+        alive_at_row_start.append(len(ray._private.state.actors(actor_state_name="ALIVE")))
+        return run_row(*args, **kwargs)
+
+    monkeypatch.setattr(runner, "run_strategy", counting_actors)
+    cfg = small_config(
+        tmp_path,
+        "strategies=[single, ray-ps, ray-train-gloo]",
+        "workers=[{name: a}, {name: b}]",
+        "steps=2",
+        "warmup_steps=1",
+        "repeats=2",
+        "standalone_steps=2",
+        "floor.iterations=3",
+    )
+    records = json.loads(run(cfg).path.read_text())
+    assert [r["status"] for r in records] == ["ok"] * 4
+    assert len(opened) == 1  # not one per row (4 with the floor) or repeat, nor for the standalone timings
+    assert alive_at_row_start == [0, 0, 0]  # the timings' and the rows' before: stopped
+    assert records[0]["ray_startup_s"] > 0 and not ray.is_initialized()
 
 
 def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys):

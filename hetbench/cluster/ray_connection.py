@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -31,8 +32,46 @@ def process_token() -> str:
     return os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)
 
 
+_kept: list | None = None  # inside ray_kept_for_the_run: [] or [the run's connection, what it serves]
+
+
+@contextlib.contextmanager
+def ray_kept_for_the_run():
+    """Within: the first Ray connection opened serves every later strategy, reference row and repeat
+    of the run, so Ray's startup is paid once; each user still stops the actors it started."""
+    global _kept
+    outer, _kept = _kept, []
+    try:
+        yield
+    finally:
+        kept, _kept = _kept, outer
+        if kept:
+            kept[0].close()
+
+
+def connect(cfg: dict) -> RayConnection:
+    """A Ray connection with a node for every configured worker's label; `release()` it when done.
+    Inside a run, the run's (opened now if it is not, or if it served another cluster); outside
+    one, a fresh one."""
+    labels = {w["node"] for w in cfg["workers"] if w["node"]}
+    key = (cfg["cluster"]["ray_address"], frozenset(labels))
+    if _kept is None:
+        return RayConnection(cfg, labels)
+    if _kept and (_kept[1] != key or _kept[0].closed):
+        _kept.pop(0).close()
+        _kept.clear()
+    if not _kept:
+        _kept.extend([RayConnection(cfg, labels), key])
+        _kept[0].kept = True
+    return _kept[0]
+
+
 class RayConnection:
-    """`ray.init` for one strategy; `close()` shuts down exactly what it started and restores the env."""
+    """`ray.init` for one strategy, or a run (`kept`); `close()` shuts down exactly what it started
+    and restores the env."""
+
+    kept = False  # the run's: release() leaves it up for the next user
+    closed = False
 
     def __init__(self, cfg: dict, labels: set[str]) -> None:
         import ray
@@ -124,7 +163,13 @@ class RayConnection:
             **quiet,
         )
 
+    def release(self) -> None:
+        """Done with it: closed unless the run keeps it."""
+        if not self.kept:
+            self.close()
+
     def close(self) -> None:
+        self.closed = True
         if self.ray.is_initialized():
             self.ray.shutdown()
         self._keep_sigterm()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ray
 
 from hetbench.cluster.placed import Placed
-from hetbench.cluster.ray_connection import RayConnection, on_driver_node, placement
+from hetbench.cluster.ray_connection import connect, on_driver_node, placement
 from hetbench.errors import RunFailed, UserError, WorkersLost
 
 
@@ -17,7 +17,7 @@ class RayPlaced(Placed):
     def start(self, role: type, coordinator: type | None) -> None:
         self.timeout_s = self.cfg["cluster"]["step_timeout_s"]
         self.joined = bool(self.cfg["cluster"]["ray_address"])
-        self.connection = RayConnection(self.cfg, {w["node"] for w in self.specs if w["node"]})
+        self.connection = connect(self.cfg)
         self.driver_node = ray.get_runtime_context().get_node_id()
         self.coordinator = ray.remote(coordinator).options(**on_driver_node()).remote() if coordinator else None
         self.actors = [ray.remote(role).options(**placement(spec)).remote() for spec in self.specs]
@@ -86,5 +86,8 @@ class RayPlaced(Placed):
 
     def close(self) -> None:
         if getattr(self, "connection", None):
-            self.connection.close()
+            if self.connection.kept:  # the run's Ray stays up: this row's processes must not
+                for actor in [*self.actors, *([self.coordinator] if self.coordinator else [])]:
+                    ray.kill(actor, no_restart=True)
+            self.connection.release()
             self.connection = None

@@ -244,6 +244,8 @@ same run, over the same link), k = the strategy's transfers of the model per ste
 all-reduce, 2 for a parameter server: gradient up, then weights down): what the link allows a
 synchronous strategy;
 vs predicted: the measured samples/s over it.
-on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between two local
-processes, measured in the same run, and "vs floor" divides by it. time to target: training clock
+on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between the
+reference worker's node and the next worker's (the workers' own path), measured in the same run, and
+"vs floor" divides by it. startup s: a row's own processes and data; Ray starts once per run, before
+the rows (ray_startup_s in the records). time to target: training clock
 (evaluation excluded) until the test accuracy first reached the config's target_accuracy."""

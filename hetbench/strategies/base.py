@@ -57,6 +57,8 @@ class Strategy(ABC):
     # Can take a new batch split between steps (rebalance_every): implements push_split, or
     # overrides rebalance where its workers re-split themselves.
     rebalances: ClassVar[bool] = False
+    # The launcher its processes go through (cluster/placed.py): ray | dask.
+    via: ClassVar[str] = "ray"
 
     # This strategy's own config keys: name -> (default, one-line comment). They live under the
     # strategy's name in a config (e.g. `ray-ps-async: {max_staleness: 1}`); config.py resolves them.

@@ -25,7 +25,6 @@ from hetbench.transport.host_memory import HandsOff, HostBuffers
 
 
 class ParameterServerDriver(Strategy, HandsOff):
-    via: ClassVar[str] = "ray"  # the launcher (cluster/placed.py): ray | dask
     replica: ClassVar[type] = Replica  # the workers' role
     server: ClassVar[type] = ParameterServer  # the coordinator's role
     by_value: ClassVar[str] = "object store"  # how buffers reach workers off the server's machine

@@ -24,7 +24,7 @@ from hetbench.balance import resplit_due, resplit_event, speed_split
 from hetbench.clock import now
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
-from hetbench.cluster.ray_connection import RayConnection, on_driver_node
+from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import FlatModel, batch_shares, from_buffer
 from hetbench.results.checkpoints import load_train_state, train_state
@@ -164,7 +164,7 @@ class RayTrainGloo(Strategy):
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers, self.timeout_s = self.cfg["workers"], self.cfg["cluster"]["step_timeout_s"]
-        self.cluster = RayConnection(self.cfg, {w["node"] for w in workers if w["node"]})
+        self.cluster = connect(self.cfg)
         self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
         joined = bool(self.cfg["cluster"]["ray_address"])
@@ -265,14 +265,19 @@ class RayTrainGloo(Strategy):
         return [dict(i) for i in self.info]
 
     def close(self) -> None:
-        if getattr(self, "collector", None) is not None:
+        collector, fit = getattr(self, "collector", None), getattr(self, "fit", None)
+        if collector is not None:
             try:
-                ray.get(self.collector.request_stop.remote(), timeout=5)
+                ray.get(collector.request_stop.remote(), timeout=5)
             except Exception:  # the cluster may be gone already
                 pass
-        if getattr(self, "fit", None) is not None:
-            self.fit.join(timeout=30)
+        if fit is not None:
+            fit.join(timeout=30)
         if getattr(self, "cluster", None):
-            self.cluster.close()
+            if fit is not None and fit.is_alive():  # a group that would not stop: Ray goes with it
+                self.cluster.close()
+            elif self.cluster.kept and collector is not None:  # the run's Ray stays up: the collector must not
+                ray.kill(collector, no_restart=True)
+            self.cluster.release()
         if getattr(self, "storage", None):
             shutil.rmtree(self.storage, ignore_errors=True)
