@@ -26,6 +26,7 @@ DEFAULTS: dict = {
     "steps": 200,  # timed training steps per repeat
     "warmup_steps": 5,  # untimed steps before them (they still train)
     "repeats": 3,  # fresh-model repeats; tables show median and CV
+    "speed_steps": 0,  # repeats after the first time this many steps, unevaluated (samples/s only); 0 = all `steps`
     "eval_every": 50,  # test-accuracy check every N steps (off the training clock)
     "eval_samples": 2000,  # test images for those checks
     "test_samples": 0,  # test images for the final accuracy (0 = the whole split)
@@ -216,11 +217,28 @@ def _worker_list(cfg: dict) -> list:
     return workers
 
 
+def repeat_steps(cfg: dict, r: int) -> tuple[int, bool]:
+    """Repeat r's steps after warm-up, and whether its accuracy is checked: every repeat trains all
+    `steps`, evaluated; with speed_steps, those after the first time only that many, unevaluated
+    (samples/s needs no accuracy)."""
+    if r == 0 or not cfg["speed_steps"]:
+        return cfg["steps"], True
+    return cfg["speed_steps"], False
+
+
 def validate(cfg: dict) -> None:
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
         if cfg[key] <= 0:
             raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
-    for key in ("warmup_steps", "threads", "test_samples", "standalone_steps", "checkpoint_every", "rebalance_every"):
+    for key in (
+        "warmup_steps",
+        "speed_steps",
+        "threads",
+        "test_samples",
+        "standalone_steps",
+        "checkpoint_every",
+        "rebalance_every",
+    ):
         if cfg[key] < 0:
             raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
     if cfg["cluster"]["step_timeout_s"] <= 0 or cfg["cluster"]["connect_timeout_s"] <= 0:

@@ -15,6 +15,7 @@ from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
+from hetbench.config import repeat_steps
 from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
@@ -50,7 +51,7 @@ class Evaluator:
 def train_repeat(
     strategy: Strategy,
     cfg: dict,
-    evaluate: Evaluator,
+    evaluate: Evaluator | None,
     seed: int,
     bar,
     faults=(),
@@ -59,7 +60,8 @@ def train_repeat(
     cluster=None,
 ) -> dict:
     """Warm-up and timed steps from a fresh model (or from `resume`, a checkpoint of this repeat);
-    accuracy checked every eval_every steps off the clock; `save(progress)` every checkpoint_every steps."""
+    accuracy checked every eval_every steps off the clock (never, without `evaluate`);
+    `save(progress)` every checkpoint_every steps."""
     strategy.reset(seed)
     progress = {"next_step": 0, "train_s": 0.0, "timed": [], "curve": [], "time_to_target_s": None}
     if resume:
@@ -74,7 +76,7 @@ def train_repeat(
         for fault in faults:
             if fault["at_step"] == step:
                 inject(strategy, fault, step, cluster)
-        evaluating = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
+        evaluating = evaluate is not None and ((step + 1) % cfg["eval_every"] == 0 or step + 1 == total)
         saving = save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total
         rebalancing = strategy.rebalances and resplit_due(cfg, step, len(window) + 1)
         pausing = evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
@@ -117,8 +119,14 @@ def train_repeat(
         "timed": timed,
         "curve": curve,
         "time_to_target_s": time_to_target,
-        "final_accuracy": evaluate(strategy.weights(), full=True),
+        "final_accuracy": evaluate(strategy.weights(), full=True) if evaluate else None,
     }
+
+
+def repeat_plan(cfg: dict, evaluate: Evaluator, r: int) -> tuple[dict, Evaluator | None]:
+    """Repeat r's config and evaluator (config.repeat_steps)."""
+    steps, evaluated = repeat_steps(cfg, r)
+    return {**cfg, "steps": steps}, evaluate if evaluated else None
 
 
 def inject(strategy: Strategy, fault: dict, step: int, cluster=None) -> None:
@@ -187,18 +195,28 @@ def run_strategy(
         started = now()
         strategy.start()
         startup_s = now() - started
-        total = cfg["repeats"] * (cfg["warmup_steps"] + cfg["steps"])
+        plans = [repeat_plan(cfg, evaluate, r) for r in range(cfg["repeats"])]
+        lengths = [c["warmup_steps"] + c["steps"] for c, _ in plans]
         repeats = [from_saved(r) for r in saved["done"]] if saved else []
-        with Progress(label or name, total, cfg["repeats"]) as bar:
+        with Progress(label or name, sum(lengths), cfg["repeats"]) as bar:
             if repeats:
-                bar.update(len(repeats) * (cfg["warmup_steps"] + cfg["steps"]), resumed=True)
+                bar.update(sum(lengths[: len(repeats)]), resumed=True)
             for r in range(len(repeats), cfg["repeats"]):
                 bar.repeat(r)
                 save = saver(checkpoints, key, repeats) if checkpoints and cls.resumable else None
                 resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
+                repeat_cfg, repeat_eval = plans[r]
                 repeats.append(
                     train_repeat(
-                        strategy, cfg, evaluate, cfg["seed"] + r, bar, faults if r == 0 else (), save, resume, cluster
+                        strategy,
+                        repeat_cfg,
+                        repeat_eval,
+                        cfg["seed"] + r,
+                        bar,
+                        faults if r == 0 else (),
+                        save,
+                        resume,
+                        cluster,
                     )
                 )
         workers = strategy.worker_info()
@@ -217,7 +235,8 @@ def run_strategy(
         w["compute_s"] = compute
         w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
         w["compute_samples_per_s"] = w["batch"] / compute  # what it could alone
-    reached = [r["time_to_target_s"] for r in repeats if r["time_to_target_s"] is not None]
+    evaluated = [r for r in repeats if r["final_accuracy"] is not None]
+    reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     return {
         **base,
@@ -229,8 +248,10 @@ def run_strategy(
         **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
         "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],
-        "final_accuracy": median([r["final_accuracy"] for r in repeats]),
-        "time_to_target_s": median(reached) if len(reached) == len(repeats) else None,
+        "repeat_timed_steps": [len(r["timed"]) for r in repeats],
+        "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
+        "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
+        "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
         "target_accuracy": cfg["target_accuracy"],
         "startup_s": startup_s,
         "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one

@@ -88,6 +88,28 @@ def test_one_ray_serves_the_whole_run_and_each_row_stops_its_own_actors(tmp_path
     assert records[0]["ray_startup_s"] > 0 and not ray.is_initialized()
 
 
+def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path):
+    cfg = small_config(
+        tmp_path,
+        "name=speed",
+        "strategies=[single, ray-train-gloo]",
+        "workers=[{name: a}, {name: b}]",
+        "steps=4",
+        "speed_steps=2",
+        "warmup_steps=1",
+        "repeats=3",
+        "eval_every=2",
+        "standalone_steps=0",
+        "floor.enabled=false",
+    )
+    records = json.loads(run(cfg).path.read_text())
+    for record in records:
+        assert record["status"] == "ok" and record["repeat_timed_steps"] == [4, 2, 2]
+        assert record["evaluated_repeats"] == 1 and record["final_accuracy"] is not None
+        assert [p["step"] for p in record["accuracy_curve"]] == [2, 4, 5]
+    assert "the first; speed_steps timed the others only" in (tmp_path / "results" / "speed.md").read_text()
+
+
 def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(registry.STRATEGIES, "ray-ps", "hetbench.strategies.not_written_yet:Nothing")
     cfg = small_config(tmp_path, "strategies=[ray-ps, single]", "steps=2", "repeats=1", "floor.enabled=false")

@@ -223,7 +223,12 @@ def _each(rates: list[float]) -> str:
 def legend(records: list[dict]) -> str:
     """The columns explained, then each strategy's own note (Strategy.table_note) where it has a row."""
     notes = dict.fromkeys(r["table_note"] for r in records if r.get("table_note"))
+    if any(r.get("evaluated_repeats", 0) < len(r.get("repeat_timed_steps", [])) for r in records):
+        notes[SPEED_STEPS_NOTE] = None
     return "\n".join([LEGEND, *notes])
+
+
+SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (the first; speed_steps timed the others only)."
 
 
 LEGEND = """\

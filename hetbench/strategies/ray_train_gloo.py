@@ -25,6 +25,7 @@ from hetbench.clock import now
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
+from hetbench.config import repeat_steps
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import FlatModel, batch_shares, from_buffer
 from hetbench.results.checkpoints import load_train_state, train_state
@@ -93,7 +94,6 @@ def train_loop(config: dict) -> None:
         ("ready",), rank, {**info, "rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
     )
     share, device = batch_shares(replica.batches)[index], replica.device
-    total = cfg["warmup_steps"] + cfg["steps"]
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
@@ -102,6 +102,8 @@ def train_loop(config: dict) -> None:
     keep_state = rank == 0 and bool(cfg["faults"] or cfg["checkpoint_every"])
     for repeat in range(first_repeat, cfg["repeats"]):
         replica.reset(cfg["seed"] + repeat)
+        steps, evaluates = repeat_steps(cfg, repeat)
+        total = cfg["warmup_steps"] + steps
         flat = replica.flat
         optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
         staging = torch.zeros(flat.params.numel())
@@ -129,7 +131,7 @@ def train_loop(config: dict) -> None:
                     replica.resplit(split, index)
                     share = batch_shares(split)[index]
             end = now(device)
-            evaluated = (step + 1) % cfg["eval_every"] == 0 or step + 1 == total
+            evaluated = evaluates and ((step + 1) % cfg["eval_every"] == 0 or step + 1 == total)
             timing = {
                 "compute_s": own_s,
                 "comm_s": (reduced - computed) + (end - updated),
