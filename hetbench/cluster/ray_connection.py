@@ -92,7 +92,7 @@ class RayConnection:
         try:
             if cluster["ray_address"]:
                 check_reachable(cluster["ray_address"], cluster["connect_timeout_s"])
-                self._join(cluster["ray_address"], cluster["connect_timeout_s"], quiet)
+                ray.init(address=cluster["ray_address"], **quiet)
             else:
                 self._start_private(labels, quiet)
         except UserError:
@@ -103,22 +103,6 @@ class RayConnection:
             raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
         self._keep_sigterm()
         self._wait_for_labels(labels, cluster["wait_for_workers_s"] if cluster["ray_address"] else 0.0)
-
-    def _join(self, address: str, timeout_s: float, quiet: dict) -> None:
-        """ray.init at `address`, again until `timeout_s`: a driver attaches to a raylet on its own
-        host, and one that is still registering fails the attempt (seen in CI right after a
-        local-multinode start on a loaded box)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                self.ray.init(address=address, **quiet)
-                return
-            except (ConnectionError, RuntimeError):
-                if self.ray.is_initialized():
-                    self.ray.shutdown()
-                if time.monotonic() >= deadline:
-                    raise
-                time.sleep(1.0)
 
     def _keep_sigterm(self) -> None:
         """Ray's init and shutdown replace the process's SIGTERM handling (shutdown leaves the default,
