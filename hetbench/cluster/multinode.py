@@ -22,7 +22,7 @@ from contextlib import contextmanager
 
 from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.netns import Link, check_can_emulate
-from hetbench.cluster.nodes import DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
+from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
 from hetbench.cluster.ray_connection import RAY_ENV, process_token
 from hetbench.errors import UserError
@@ -109,6 +109,7 @@ class LocalMultinode:
                     "--port",
                     str(dask_port),
                     "--no-dashboard",
+                    *DASK_HTTP_LOCAL,
                 ],
                 "dask-scheduler",
             )

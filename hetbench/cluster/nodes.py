@@ -34,6 +34,9 @@ RAY_NODE_PORTS = {
     "min-worker-port": 10002,  # each worker process (an actor) serves the driver's calls on one of these
     "max-worker-port": 10101,
 }
+# Dask's HTTP server (health, metrics) starts even with --no-dashboard, on every interface unless
+# told otherwise (found by the smoke's `ss -tlnp`): keep it on loopback, off the LAN
+DASK_HTTP_LOCAL = ["--dashboard-address", "127.0.0.1:0"]
 DASK_WORKER_PORT = 8788  # the Dask worker (no nanny): the scheduler and the client call it
 # gloo (ray-train-gloo, the gloo-floor row) cannot be given ports (pytorch/gloo#54): its rendezvous
 # and its pairs listen on any ephemeral port, which the other machine must reach. macOS's range:
@@ -74,6 +77,7 @@ def dask_worker_argv(
         "--name",
         name,
         "--no-dashboard",
+        *DASK_HTTP_LOCAL,
         "--memory-limit",
         "0",
         *(["--host", host] if host else []),
