@@ -227,17 +227,38 @@ def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_
         ],
     )
     with cluster_for_run(cfg) as (joined, _, cluster):
-        namespace = cluster.links["mac"].name
+        link = cluster.links["mac"]
         figures = measure_floor(joined, 250_000)  # 1 MB each way per all-reduce
     # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there, on the workers' path
     assert figures["allreduce_s"] > 0.3 and figures["link"] == {"rate": "20mbit"}
     assert figures["path"] == {
         "between": ["desk", "mac"],
         "nodes": ["desktop", "mac"],
-        "ips": ["10.231.0.1", "10.231.0.2"],
+        "ips": [link.host_ip, link.ns_ip],
     }
-    names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
-    assert namespace not in names
+    assert link.name not in namespaces()
+
+
+def namespaces() -> str:
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
+
+
+@needs_root
+def test_links_avoid_held_subnets_and_remove_what_killed_runs_left():
+    from hetbench.cluster.netns import Link, open_links
+
+    no_such_pid = Path("/proc/sys/kernel/pid_max").read_text().strip()  # pids stay below it
+    killed_run = Link(0, "20mbit", no_such_pid)  # never closed, as after a SIGKILL
+    live_run = Link(1, "20mbit", str(os.getppid()))  # another run's, still going
+    links = {}
+    try:
+        links = open_links(["mac", "laptop"], "20mbit")
+        assert [link.host_ip for link in links.values()] == ["10.231.0.1", "10.231.2.1"]
+        assert killed_run.name not in namespaces() and live_run.name in namespaces()
+    finally:
+        for link in [killed_run, live_run, *links.values()]:
+            link.close()
+    assert "10.231." not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
 
 
 @needs_root

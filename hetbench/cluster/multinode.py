@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 
 from hetbench.cluster.addresses import check_reachable
-from hetbench.cluster.netns import Link, check_can_emulate
+from hetbench.cluster.netns import Link, check_can_emulate, open_links
 from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
 from hetbench.cluster.ray_connection import RAY_ENV, process_token
@@ -73,8 +73,7 @@ class LocalMultinode:
             rate = self.cfg["link"]["rate"]
             if rate:
                 check_can_emulate()
-                tag = f"{os.getpid() % 100000}"
-                self.links = {label: Link(i, rate, tag) for i, label in enumerate(self.labels[1:])}
+                self.links = open_links(self.labels[1:], rate)
             self.head_ip = head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
             ray_port, dask_port = free_port(), free_port()
             self.ray_address = f"{head_ip}:{ray_port}"

@@ -8,8 +8,10 @@ goes to the two addresses of each pair, which this module creates and removes.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import sys
 
 from hetbench.errors import UserError
 
@@ -30,6 +32,41 @@ def _run(*argv: str) -> None:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise UserError(f"link emulation: '{' '.join(argv)}' failed: {done.stderr.strip() or done.returncode}")
+
+
+def open_links(labels: list[str], rate: str) -> dict[str, Link]:
+    """One Link per label, on subnets no interface here holds. A run killed outright (SIGKILL, a
+    machine restart) cannot remove its namespaces; a later run that reused their addresses would
+    route its packets into the dead namespace (it did, in CI), so those leftovers go first."""
+    remove_leftovers()
+    addresses = _output("ip", "-o", "-4", "addr")
+    held = {int(index) for index in re.findall(rf"inet {re.escape(SUBNET)}\.(\d+)\.", addresses)}
+    free = [index for index in range(256) if index not in held]
+    if len(free) < len(labels):
+        raise UserError(f"link emulation: no free {SUBNET}.x.0/30 subnet is left for {len(labels)} link(s)")
+    links: dict[str, Link] = {}
+    try:
+        for label, index in zip(labels, free):
+            links[label] = Link(index, rate, str(os.getpid()))
+    except BaseException:
+        for link in links.values():
+            link.close()
+        raise
+    return links
+
+
+def remove_leftovers() -> None:
+    """Delete the namespaces of runs that are gone: hb<pid>n<i> whose process no longer exists."""
+    for line in _output("ip", "netns", "list").splitlines():
+        name = line.split(" ")[0]
+        owner = re.fullmatch(r"hb(\d+)n(\d+)", name)
+        if owner and not os.path.exists(f"/proc/{owner[1]}"):
+            print(f"notice: removing link namespace {name}, left by a run that is gone", file=sys.stderr)
+            _remove(name, f"hb{owner[1]}h{owner[2]}")
+
+
+def _output(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout
 
 
 class Link:
@@ -78,6 +115,13 @@ class Link:
         _run("ip", "link", "set", self.host_dev, "up")
 
     def close(self) -> None:
-        if self.created:  # deleting the namespace removes the veth pair with it
-            subprocess.run(["ip", "netns", "del", self.name], capture_output=True, timeout=30)
+        if self.created:
+            _remove(self.name, self.host_dev)
             self.created = False
+
+
+def _remove(namespace: str, host_dev: str) -> None:
+    """The veth pair first: a deleted namespace takes its pair with it, but only later, in the
+    kernel's own time, and meanwhile the host end still holds its address."""
+    subprocess.run(["ip", "link", "del", host_dev], capture_output=True, timeout=30)
+    subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
