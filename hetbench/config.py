@@ -142,6 +142,7 @@ def strategy_options(raw: dict) -> dict:
             for key, value in sections[name].items():
                 if isinstance(value, int | float) and value < 0:
                     raise UserError(f"config key '{name}.{key}' must not be negative, got {value}")
+            registry.load(name).check_options(sections[name])
     return sections
 
 

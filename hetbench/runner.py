@@ -243,7 +243,7 @@ def run_strategy(
         "status": "ok",
         "workers": workers,
         "samples_per_s": samples_per_s,
-        "floor_transfers": cls.floor_transfers,
+        "floor_transfers": strategy.floor_transfers,  # may depend on the config (ray-localsgd)
         "table_note": cls.table_note or None,
         **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),

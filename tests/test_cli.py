@@ -65,6 +65,7 @@ def test_negative_batch(config):
         ("steps: 3\n", ["workers.5.batch=2"], "'5' is not an index of a list of 1"),
         ("steps: 3\n", ["faults=[{at_step: 1, kill: worker, target: mac}]"], "no worker is named 'mac'"),
         ("steps: 3\n", ["link.rate=fast"], "must look like 100mbit or 1gbit"),
+        ("steps: 3\n", ["ray-localsgd.sync_every=0"], "'ray-localsgd.sync_every' must be a whole number of steps"),
         ("cluster: {mode: cloud}\n", [], "must be one of local, local-multinode"),
         ("cluster: {mode: local-multinode}\nstrategies: [ray-ps]\n", [], "needs workers with a 'node' placement label"),
     ],

@@ -41,8 +41,9 @@ def test_a_killed_worker_is_survived_on_the_single_device_trajectory(tmp_path, n
     check_a_killed_worker_is_survived(tmp_path, name)
 
 
-def test_async_goes_on_without_a_killed_worker(tmp_path):
-    _, faulted = faulted_run(tmp_path, "ray-ps-async", "repeats=1", "steps=30")
+@pytest.mark.parametrize("name", registered(lambda cls: not cls.synchronous and cls.survives_worker_loss))
+def test_a_strategy_without_a_barrier_goes_on_without_a_killed_worker(tmp_path, name):
+    _, faulted = faulted_run(tmp_path, name, "repeats=1", "steps=30")
     assert faulted["status"] == "ok"
     assert faulted["events"][0]["injected"] == "kill worker small" and faulted["events"][0]["step"] == 4
     lost = next(e for e in faulted["events"] if "lost" in e)

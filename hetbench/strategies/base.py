@@ -66,6 +66,10 @@ class Strategy(ABC):
     # A sentence for the tables' legend, shown where this strategy has a row.
     table_note: ClassVar[str] = ""
 
+    @classmethod  # noqa: B027 (optional: most strategies take what config.py checks)
+    def check_options(cls, options: dict) -> None:
+        """Refuse, with UserError, resolved `options` that config.py's type checks let through."""
+
     def __init__(self, cfg: dict) -> None:
         self.cfg = cfg
         self.events: list[dict] = []  # what was lost, when, and the split that went on

@@ -13,6 +13,7 @@ STRATEGIES = {  # name -> "module:Class"; one line per strategy
     "ray-ps-async": "hetbench.strategies.ray_ps_async:RayParameterServerAsync",
     "ray-train-gloo": "hetbench.strategies.ray_train_gloo:RayTrainGloo",
     "dask-sync": "hetbench.strategies.dask_sync:DaskSync",
+    "ray-localsgd": "hetbench.strategies.ray_localsgd:RayLocalSGD",
 }
 BASELINE = "single"
 

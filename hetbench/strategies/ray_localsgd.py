@@ -1,0 +1,126 @@
+"""Local SGD with DiLoCo-style outer steps: ray_ps.py's parameter server, exchanging every
+`sync_every` steps instead of every step.
+
+Differs from ray-ps in (1)-(3): each worker takes its slice of every global batch on its own
+replica with its own optimizer (the inner one, kept across rounds), and nothing crosses the link
+between exchanges. At a round's last step each worker sends how far its replica moved (start of
+the round minus now); the server weights those deltas by samples, as ray-ps weights gradients,
+and takes one outer step with them as the gradient: Nesterov SGD as in DiLoCo, or plain
+averaging (outer_lr 1, outer_momentum 0). Every replica starts the next round from the result.
+
+With an auto split each worker's batch is proportional to its speed, so its `sync_every` steps
+take as long as anyone's: the slow machine is not waited for at the exchange.
+"""
+
+from __future__ import annotations
+
+import ray
+import torch
+
+from hetbench.clock import now
+from hetbench.errors import UserError, WorkersLost
+from hetbench.gradients import from_buffer
+from hetbench.strategies.base import StepTiming
+from hetbench.strategies.ray_ps import RayParameterServer, RayReplica, RayServer
+from hetbench.workload import build_optimizer
+
+NAME = "ray-localsgd"
+
+
+class LocalReplica(RayReplica):
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+        self.round_start = self.flat.params.detach().clone()
+        self.taken: tuple[int, float] | None = None  # the last step my replica took, and its seconds
+
+    def inner(self, weights: list | None, step: int) -> float:
+        """(1) my slice of global batch `step` on my own replica, then my optimizer's step; at a
+        round's first step I start from the server's weights."""
+        if self.taken and self.taken[0] == step:  # the step redone after a worker was lost: mine is in
+            return self.taken[1]
+        if weights is not None:
+            self.flat.load_params(from_buffer(ray.get(weights[0])))
+            self.round_start.copy_(self.flat.params)
+        seconds = self.local_step(step) + self.work(self.optimizer.step)
+        self.taken = (step, seconds)
+        return seconds
+
+    def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
+        """The round's last step, then (2a) my delta into the object store, put by me."""
+        compute_s = self.inner(weights, step)
+        return [ray.put((self.round_start - self.flat.params).to("cpu").numpy())], compute_s
+
+
+class OuterServer(RayServer):
+    def reset(self, cfg: dict, seed: int) -> list:
+        weights = super().reset(cfg, seed)
+        # (3) the outer optimizer, stepping with the weighted deltas as its gradient
+        outer = cfg[NAME]
+        self.optimizer = torch.optim.SGD(
+            self.flat.optimizer_params(),
+            lr=outer["outer_lr"],
+            momentum=outer["outer_momentum"],
+            nesterov=outer["outer_momentum"] > 0,
+        )
+        return weights
+
+
+class RayLocalSGD(RayParameterServer):
+    name = NAME
+    replica, server = LocalReplica, OuterServer
+    options = {
+        "sync_every": (8, "steps each worker takes on its own replica between exchanges (H)"),
+        "outer_lr": (0.7, "the outer step's learning rate (DiLoCo's); 1 with momentum 0 = plain averaging"),
+        "outer_momentum": (0.9, "the outer step's Nesterov momentum; 0 = none"),
+    }
+    table_note = (
+        "ray-localsgd: workers exchange every sync_every steps, not every step, so its accuracy is its "
+        "own (not the single-device trajectory's) and its link time is shared by those steps."
+    )
+    synchronous = False  # an update is not one step on the union batch (except sync_every 1, plain SGD)
+    uses_host_memory = False  # replicas drift apart between exchanges: each keeps its own weights
+    resumable = False  # the replicas and their optimizers are not checkpointed yet
+
+    def __init__(self, cfg: dict) -> None:
+        super().__init__(cfg)
+        self.every = cfg[NAME]["sync_every"]
+        self.floor_transfers = 2.0 / self.every  # ray-ps's two transfers, once a round
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        if not isinstance(options["sync_every"], int) or options["sync_every"] < 1:
+            raise UserError(f"config key '{NAME}.sync_every' must be a whole number of steps >= 1")
+
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        self.in_round, self.new_round = 0, True
+
+    def step(self, step: int, then: int | None = None) -> StepTiming:
+        self.in_round += 1
+        if self.in_round == self.every:  # (2)(3) the round's last step, then ray-ps's exchange
+            timing = super().step(step)
+            self.in_round, self.new_round = 0, True
+            return timing
+        # (1) a step on every replica, no exchange
+        start = now()
+        calls = [self.placed.call(rank, "inner", self._round_weights(), step) for rank in range(len(self.info))]
+        self.new_round = False
+        try:
+            computes = self.placed.results(calls, f"step {step}", survivable=True)
+            return StepTiming.synchronous({i["name"]: c for i, c in zip(self.info, computes)}, now() - start)
+        except WorkersLost as e:  # the survivors' steps count; the lost worker's replica is gone
+            survivors = {
+                i["name"]: self.placed.results([c], "reading a compute")[0]
+                for i, c in zip(self.info, calls)
+                if self.placed.succeeded(c)
+            }
+            self._lose(e.ranks, step)
+            return StepTiming.synchronous(survivors, now() - start)
+
+    def _compute(self, rank: int, step: int, ticket: int, after: int | None = None) -> tuple:
+        return self.placed.call(rank, "compute", self._round_weights(), step, returns=2)
+
+    def _round_weights(self) -> list | None:
+        """The server's newest weights where a round begins; between, each replica keeps its own."""
+        return self.newest if self.new_round else None
