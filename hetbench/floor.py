@@ -94,5 +94,5 @@ def measure_floor(cfg: dict, numel: int) -> dict:
             "nodes": [i["node"] for i in ends.info],
             "ips": [i["node_ip"] for i in ends.info],
         },
-        "link": {"rate": cfg["link"]["rate"]} if cfg["link"]["rate"] else None,
+        "link": {key: value for key, value in cfg["link"].items() if value} or None,
     }

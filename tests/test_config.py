@@ -1,5 +1,6 @@
 import pytest
 
+from helpers import REPO
 from hetbench.balance import balanced, split_batch
 from hetbench.config import DEFAULTS, load_config
 from hetbench.errors import UserError
@@ -81,6 +82,9 @@ def test_equal_split_when_neither_is_given(tmp_path):
         ("rebalance_every: often", "rebalance_every"),
         ("cluster: {mode: cloud}", "'cluster.mode' must be one of local, local-multinode"),
         ("link: {rate: 100mbit}", "set cluster.mode local-multinode"),
+        ("link: {profile: dialup}", "'link.profile' must be one of 10gbit, 1gbit, wifi, 100mbit"),
+        ("link: {profile: wifi, rate: 1gbit}", "set link.profile or link.rate, not both"),
+        ("link: {profile: wifi}", "set cluster.mode local-multinode"),
         ("workers: [{speed: 0}]", "speed must be positive"),
         ("- a\n- b", "must be a mapping"),
     ],
@@ -88,6 +92,16 @@ def test_equal_split_when_neither_is_given(tmp_path):
 def test_bad_values_are_one_sentence(tmp_path, text, message):
     with pytest.raises(UserError, match=message):
         load_config(write(tmp_path, text + "\n"))
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "benchmarks" / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    assert load_config(str(path))["strategies"]
+
+
+def test_a_link_profile_is_its_rate(tmp_path):
+    cfg = load_config(None, ["cluster.mode=local-multinode", "workers=[{node: a}, {node: b}]", "link.profile=wifi"])
+    assert cfg["link"] == {"profile": "wifi", "rate": "200mbit"}
 
 
 def test_set_reaches_into_worker_lists(tmp_path):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from tabulate import tabulate
 
+from hetbench.config import LINK_PROFILES
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.strategies.registry import BASELINE
 
-LINKS = {"10gbit": 10e9, "1gbit": 1e9, "wifi (200mbit)": 200e6, "100mbit": 100e6}  # bits per second
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
 
 
@@ -21,6 +21,11 @@ def _rate(text: str | None) -> float | None:
         if text.endswith(unit):
             return float(text[: -len(unit)]) * scale
     return None
+
+
+LINKS = {  # column -> bits per second: the link profiles a run can emulate
+    name if name == rate else f"{name} ({rate})": _rate(rate) for name, rate in LINK_PROFILES.items()
+}
 
 
 def floor_on(floor: dict, rate: float) -> float:
