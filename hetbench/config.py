@@ -34,6 +34,7 @@ DEFAULTS: dict = {
     "optimizer": "adadelta",  # adadelta (the PyTorch example's) | sgd | adam
     "lr": 1.0,  # learning rate for that optimizer
     "dropout": 0.25,  # both dropout layers; 0 makes steps deterministic
+    "wire_dtype": "float32",  # gradients, weights and deltas between machines: float32 | bfloat16 | float16
     "seed": 0,  # model init, batch order and synthetic data
     "balance": ["equal"],  # per-worker batch split, one scenario each: equal | proportional | auto
     "rebalance_every": 0,  # re-split the batch by each worker's speed over the last N steps; 0 = off
@@ -90,6 +91,7 @@ NULLABLE = {
 }
 CHOICES = {
     "optimizer": ("adadelta", "sgd", "adam"),
+    "wire_dtype": ("float32", "bfloat16", "float16"),
     "dataset": ("mnist", "synthetic"),
     "mode": ("local", "local-multinode"),
     "balance": ("equal", "proportional", "auto"),

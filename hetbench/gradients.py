@@ -75,6 +75,22 @@ def batch_shares(samples: Sequence[int]) -> list[float]:
     return [n / total for n in samples]
 
 
+WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_wire(flat: torch.Tensor, wire_dtype: str):
+    """A flat buffer as it leaves for another process by value: a CPU numpy array in `wire_dtype`
+    (float32: the buffer itself, no copy). numpy has no bfloat16: its bits travel as int16."""
+    wire = flat.detach().to("cpu", WIRE_DTYPES[wire_dtype])
+    return (wire.view(torch.int16) if wire.dtype == torch.bfloat16 else wire).numpy()
+
+
+def from_wire(array) -> torch.Tensor:
+    """to_wire's array back as float32 (zero-copy when it travelled as float32): masters stay float32."""
+    wire = from_buffer(array)
+    return (wire.view(torch.bfloat16) if wire.dtype == torch.int16 else wire).to(torch.float32)
+
+
 def from_buffer(array) -> torch.Tensor:
     """A tensor over a (read-only, zero-copy) numpy buffer from an object store; callers only read it."""
     with warnings.catch_warnings():

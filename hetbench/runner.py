@@ -19,7 +19,7 @@ from hetbench.config import repeat_steps
 from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
-from hetbench.gradients import FlatModel, count_parameters
+from hetbench.gradients import WIRE_DTYPES, FlatModel, count_parameters
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.records import RecordFile, environment, redacted
@@ -235,6 +235,10 @@ def run_strategy(
         w["compute_s"] = compute
         w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
         w["compute_samples_per_s"] = w["batch"] / compute  # what it could alone
+    transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg["wire_dtype"]].itemsize
+    for w in workers:  # what each worker's step sends and receives between machines, by value
+        by_value = transfers and w.get("transport") != "shared memory"
+        w["wire_bytes_per_step"] = transfers * count_parameters(Net()) * width if by_value else 0
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
@@ -243,7 +247,8 @@ def run_strategy(
         "status": "ok",
         "workers": workers,
         "samples_per_s": samples_per_s,
-        "floor_transfers": strategy.floor_transfers,  # may depend on the config (ray-localsgd)
+        # in float32 all-reduces of the model, as the floor times them: a narrower wire moves less
+        "floor_transfers": transfers and transfers * width / 4,
         "table_note": cls.table_note or None,
         **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),

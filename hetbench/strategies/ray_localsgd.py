@@ -19,7 +19,7 @@ import torch
 
 from hetbench.clock import now
 from hetbench.errors import UserError, WorkersLost
-from hetbench.gradients import from_buffer
+from hetbench.gradients import from_wire, to_wire
 from hetbench.strategies.base import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer, RayReplica, RayServer
 from hetbench.workload import build_optimizer
@@ -40,7 +40,7 @@ class LocalReplica(RayReplica):
         if self.taken and self.taken[0] == step:  # the step redone after a worker was lost: mine is in
             return self.taken[1]
         if weights is not None:
-            self.flat.load_params(from_buffer(ray.get(weights[0])))
+            self.flat.load_params(from_wire(ray.get(weights[0])))
             self.round_start.copy_(self.flat.params)
         seconds = self.local_step(step) + self.work(self.optimizer.step)
         self.taken = (step, seconds)
@@ -49,7 +49,7 @@ class LocalReplica(RayReplica):
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         """The round's last step, then (2a) my delta into the object store, put by me."""
         compute_s = self.inner(weights, step)
-        return [ray.put((self.round_start - self.flat.params).to("cpu").numpy())], compute_s
+        return [ray.put(to_wire(self.round_start - self.flat.params, self.cfg["wire_dtype"]))], compute_s
 
 
 class OuterServer(RayServer):

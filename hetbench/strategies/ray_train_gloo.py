@@ -27,7 +27,7 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.config import repeat_steps
 from hetbench.errors import RunFailed, quiet_loggers
-from hetbench.gradients import FlatModel, batch_shares, from_buffer
+from hetbench.gradients import WIRE_DTYPES, FlatModel, batch_shares, from_buffer
 from hetbench.results.checkpoints import load_train_state, train_state
 from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.strategies.ray_train_collector import Collector
@@ -41,11 +41,12 @@ def kill_process(pid: int) -> None:
 
 
 def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> None:
-    """(2) grads -> one CPU buffer, x share, SUM over gloo, back to the device (a no-op copy on CPU)."""
+    """(2) grads x share (in float32, where they are) -> one CPU buffer in the wire dtype, SUM over
+    gloo, back to the device."""
     import torch.distributed as dist
 
+    flat.grads.mul_(share)
     staging.copy_(flat.grads)
-    staging.mul_(share)
     dist.all_reduce(staging)
     flat.grads.copy_(staging)
 
@@ -106,7 +107,7 @@ def train_loop(config: dict) -> None:
         total = cfg["warmup_steps"] + steps
         flat = replica.flat
         optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
-        staging = torch.zeros(flat.params.numel())
+        staging = torch.zeros(flat.params.numel(), dtype=WIRE_DTYPES[cfg["wire_dtype"]])
         if state is not None and repeat == first_repeat:
             load_train_state(flat, optimizer, state)
         window: list[float] = []  # my computes since the split last changed

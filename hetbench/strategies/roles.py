@@ -13,7 +13,7 @@ from hetbench.clock import cpu_wait, now
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
-from hetbench.gradients import FlatModel, count_parameters, from_buffer, weighted_sum
+from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
 from hetbench.results.checkpoints import load_train_state, train_state
 from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.transport.host_memory import HostBuffers
@@ -77,14 +77,14 @@ class Replica:
         """
         if after is not None:
             self.shared.wait_weights(after)
-        self.flat.load_params(self.shared.weights if self.shared else from_buffer(weights))
+        self.flat.load_params(self.shared.weights if self.shared else from_wire(weights))
         compute_s = self.local_step(step)
         if self.shared:
             self.shared.gradient(self.slot).copy_(self.flat.grads)
             if ticket is not None:
                 self.shared.publish_gradient(self.slot, ticket)
             return self.slot, compute_s
-        return self.flat.grads.to("cpu").numpy(), compute_s
+        return to_wire(self.flat.grads, self.cfg["wire_dtype"]), compute_s
 
     def alone(self, steps: int, warmup: int) -> float:
         """This worker training alone on the whole global batch (forward, backward, update): samples/s."""
@@ -150,18 +150,19 @@ class ParameterServer:
     def reset(self, cfg: dict, seed: int):
         # The update runs while every worker waits for it: give it all of this host's cores.
         configure_threads(0)
-        keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
+        keep_freed_memory()
+        self.wire = cfg["wire_dtype"]  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
         # the master weights live where the workers on this host read them: publishing them is free
         self.flat = FlatModel(build_model(cfg["dropout"], seed), self.shared and self.shared.weights)
         self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
-        return self.flat.params.numpy()
+        return to_wire(self.flat.params, self.wire)
 
     def state(self) -> dict:
         return train_state(self.flat, self.optimizer)
 
     def load_state(self, state: dict):
         load_train_state(self.flat, self.optimizer, state)
-        return self.flat.params.numpy()
+        return to_wire(self.flat.params, self.wire)
 
     def apply(self, shares: list[float], *grads, ticket: int | None = None, check=None):
         """(2c) the gradients (arrays, or slots of shared memory) weighted by their batch shares,
@@ -172,12 +173,12 @@ class ParameterServer:
             if ticket is not None and isinstance(g, int):
                 self.shared.wait_gradient(g, ticket, check)
         start = time.perf_counter()
-        grads = [self.shared.gradient(g) if isinstance(g, int) else from_buffer(g) for g in grads]
+        grads = [self.shared.gradient(g) if isinstance(g, int) else from_wire(g) for g in grads]
         weighted_sum(grads, shares, out=self.flat.grads)
         self.optimizer.step()
         if ticket is not None:
             self.shared.publish_weights(ticket)
-        return self.flat.params.numpy(), time.perf_counter() - start
+        return to_wire(self.flat.params, self.wire), time.perf_counter() - start
 
     def params(self):
         return self.flat.params.numpy()
