@@ -8,7 +8,7 @@ import signal
 import sys
 import traceback
 
-from hetbench.errors import RunFailed, UserError
+from hetbench.errors import INTERRUPTED, RunFailed, UserError
 
 EXIT_BAD_INPUT = 2
 
@@ -149,6 +149,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _interrupt(signum, frame):
+    INTERRUPTED.set()
     raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every cluster and namespace is stopped on the way out
 
 

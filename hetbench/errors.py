@@ -1,6 +1,17 @@
 """What goes wrong, in the kinds the CLI reports: one sentence each (exit 2 for bad input)."""
 
 import logging
+import threading
+
+# Set by the SIGTERM handler (cli.py), which also raises KeyboardInterrupt. Python ignores an
+# exception raised while it runs a __del__ or a callback ("Exception ignored in"), and a signal
+# can land there (it did in CI: the run trained on); the runner checks this between steps.
+INTERRUPTED = threading.Event()
+
+
+def stop_if_interrupted() -> None:
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 class UserError(Exception):

@@ -17,7 +17,7 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import repeat_steps
 from hetbench.data import Split, cached_mnist
-from hetbench.errors import RunFailed
+from hetbench.errors import RunFailed, stop_if_interrupted
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import WIRE_DTYPES, FlatModel, count_parameters
 from hetbench.progress import Progress
@@ -73,6 +73,7 @@ def train_repeat(
     total = cfg["warmup_steps"] + cfg["steps"]
     window: list[StepTiming] = []  # the steps since the split last changed: the speeds a re-split goes by
     for step in range(progress["next_step"], total):
+        stop_if_interrupted()
         for fault in faults:
             if fault["at_step"] == step:
                 inject(strategy, fault, step, cluster)

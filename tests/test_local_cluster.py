@@ -160,10 +160,10 @@ def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
-    records = records_of(tmp_path)
-    left = processes_mentioning(*cluster_addresses(records))
-    for pid in left:  # a failing run must not leave its cluster behind for the next tests
-        os.kill(pid, signal.SIGKILL)
+        records = records_of(tmp_path)
+        left = processes_mentioning(*cluster_addresses(records)) if records else []
+        for pid in left:  # a failing run must not leave its cluster behind for the next tests
+            os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     assert records[0]["strategy"] == "single" and records[0]["status"] == "ok"

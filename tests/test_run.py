@@ -141,3 +141,27 @@ def test_cli_run_prints_the_table_and_says_where_records_are(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "| single" in result.stdout and "| gloo-floor" in result.stdout
     assert "records:" in result.stderr and list((tmp_path / "r" / "raw").glob("*-quick-*.json"))
+
+
+def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch):
+    import gc
+    import signal
+    import sys
+
+    from hetbench.cli import _interrupt
+    from hetbench.errors import INTERRUPTED
+
+    class Finalized:  # a signal landing in a finalizer: Python prints "Exception ignored" and goes on
+        def __del__(self):
+            _interrupt(signal.SIGTERM, None)
+
+    swallowed = []
+    monkeypatch.setattr(sys, "unraisablehook", swallowed.append)
+    Finalized()
+    gc.collect()
+    assert swallowed[0].exc_type is KeyboardInterrupt
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run(small_config(tmp_path, "strategies=[single]", "standalone_steps=0", "floor.enabled=false"))
+    finally:
+        INTERRUPTED.clear()
