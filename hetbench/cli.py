@@ -153,9 +153,17 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every cluster and namespace is stopped on the way out
 
 
+def _unraisable(unraisable, default=sys.__unraisablehook__) -> None:
+    # An interrupt landing in a finalizer is dropped by Python; the runner stops on INTERRUPTED instead,
+    # so the user sees one line, not a traceback.
+    if not (unraisable.exc_type is KeyboardInterrupt and INTERRUPTED.is_set()):
+        default(unraisable)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    sys.unraisablehook = _unraisable
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

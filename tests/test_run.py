@@ -143,12 +143,12 @@ def test_cli_run_prints_the_table_and_says_where_records_are(tmp_path):
     assert "records:" in result.stderr and list((tmp_path / "r" / "raw").glob("*-quick-*.json"))
 
 
-def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch):
+def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch, capsys):
     import gc
     import signal
     import sys
 
-    from hetbench.cli import _interrupt
+    from hetbench.cli import _interrupt, _unraisable
     from hetbench.errors import INTERRUPTED
 
     class Finalized:  # a signal landing in a finalizer: Python prints "Exception ignored" and goes on
@@ -160,8 +160,12 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
     Finalized()
     gc.collect()
     assert swallowed[0].exc_type is KeyboardInterrupt
+    _unraisable(swallowed[0])  # hetbench's hook: the swallowed interrupt prints no traceback
+    assert capsys.readouterr().err == ""
     try:
         with pytest.raises(KeyboardInterrupt):
             run(small_config(tmp_path, "strategies=[single]", "standalone_steps=0", "floor.enabled=false"))
     finally:
         INTERRUPTED.clear()
+    _unraisable(swallowed[0])  # with no interrupt pending, an unraisable error is still shown
+    assert "KeyboardInterrupt" in capsys.readouterr().err
