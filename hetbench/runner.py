@@ -237,9 +237,10 @@ def run_strategy(
         w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
         w["compute_samples_per_s"] = w["batch"] / compute  # what it could alone
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg["wire_dtype"]].itemsize
+    model_bytes = count_parameters(Net()) * width
     for w in workers:  # what each worker's step sends and receives between machines, by value
         by_value = transfers and w.get("transport") != "shared memory"
-        w["wire_bytes_per_step"] = transfers * count_parameters(Net()) * width if by_value else 0
+        w["wire_bytes_per_step"] = transfers * model_bytes if by_value else 0
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
@@ -249,7 +250,7 @@ def run_strategy(
         "workers": workers,
         "samples_per_s": samples_per_s,
         # in float32 all-reduces of the model, as the floor times them: a narrower wire moves less
-        "floor_transfers": transfers and transfers * width / 4,
+        "floor_transfers": transfers and transfers * width / torch.float32.itemsize,
         "table_note": cls.table_note or None,
         **scaling(name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),

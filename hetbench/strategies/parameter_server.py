@@ -88,7 +88,7 @@ class ParameterServerDriver(Strategy, HandsOff):
                     # (hand-off) every gradient was in and the update ran before the loss showed: done
                     self.ended = now()
                     timing = StepTiming.synchronous(
-                        self._survivors_computes(),
+                        self._survivors_computes([call[1] for call in self.calls]),
                         self.ended - start,
                         self.placed.results([self.update], "reading the update")[0],
                     )
@@ -145,11 +145,12 @@ class ParameterServerDriver(Strategy, HandsOff):
         """(2) (3) on the coordinator: handles of (the new weights, the update's seconds)."""
         return self.placed.coordinator_call("apply", self.shares, *grads, ticket=ticket, returns=2)
 
-    def _survivors_computes(self) -> dict[str, float]:
+    def _survivors_computes(self, computes: list) -> dict[str, float]:
+        """Worker name -> compute seconds, from the handles (in rank order) of the calls that returned."""
         return {
-            info["name"]: self.placed.results([call[1]], "reading a compute")[0]
-            for info, call in zip(self.info, self.calls)
-            if self.placed.succeeded(call[1])
+            info["name"]: self.placed.results([compute], "reading a compute")[0]
+            for info, compute in zip(self.info, computes)
+            if self.placed.succeeded(compute)
         }
 
     def _lose(self, ranks: list[int], step: int) -> None:

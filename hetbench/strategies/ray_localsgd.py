@@ -89,7 +89,7 @@ class RayLocalSGD(RayParameterServer):
 
     @classmethod
     def check_options(cls, options: dict) -> None:
-        if not isinstance(options["sync_every"], int) or options["sync_every"] < 1:
+        if options["sync_every"] < 1:  # config.py has checked it is an int, and not negative
             raise UserError(f"config key '{NAME}.sync_every' must be a whole number of steps >= 1")
 
     def reset(self, seed: int) -> None:
@@ -110,11 +110,7 @@ class RayLocalSGD(RayParameterServer):
             computes = self.placed.results(calls, f"step {step}", survivable=True)
             return StepTiming.synchronous({i["name"]: c for i, c in zip(self.info, computes)}, now() - start)
         except WorkersLost as e:  # the survivors' steps count; the lost worker's replica is gone
-            survivors = {
-                i["name"]: self.placed.results([c], "reading a compute")[0]
-                for i, c in zip(self.info, calls)
-                if self.placed.succeeded(c)
-            }
+            survivors = self._survivors_computes(calls)
             self._lose(e.ranks, step)
             return StepTiming.synchronous(survivors, now() - start)
 

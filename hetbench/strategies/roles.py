@@ -150,8 +150,8 @@ class ParameterServer:
     def reset(self, cfg: dict, seed: int):
         # The update runs while every worker waits for it: give it all of this host's cores.
         configure_threads(0)
-        keep_freed_memory()
-        self.wire = cfg["wire_dtype"]  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
+        keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
+        self.wire = cfg["wire_dtype"]
         # the master weights live where the workers on this host read them: publishing them is free
         self.flat = FlatModel(build_model(cfg["dropout"], seed), self.shared and self.shared.weights)
         self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
