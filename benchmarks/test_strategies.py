@@ -34,7 +34,7 @@ MODES = {  # what each --bench-mode covers; the full set is the issue's matrix
         "standalone_steps": 2,
     },
     "full": {
-        "strategies": ["single", "ray-ps", "ray-ps-async", "ray-train-gloo", "dask-sync", "ray-localsgd"],
+        "strategies": ["single", "ray-ps", "ray-ps-async", "ray-train-gloo", "dask-sync", "ray-localsgd", "torch-ddp"],
         "balance": ["equal", "auto"],
         "links": [None, "100mbit"],
         "workers": [2, 4],

@@ -24,7 +24,7 @@ def test_float32_travels_as_itself_and_narrower_wires_round_once():
         assert ((back - flat).abs() <= flat.abs() * 2.0**-bits).all()
 
 
-@pytest.mark.parametrize("name", ["ray-train-gloo", "ray-localsgd"])
+@pytest.mark.parametrize("name", ["ray-train-gloo", "ray-localsgd", "torch-ddp"])
 def test_a_bfloat16_wire_moves_the_first_step_by_its_rounding_only(tmp_path, name):
     sgd = ["dropout=0", UNEQUAL, "optimizer=sgd", "lr=0.05", "ray-localsgd.sync_every=1", "ray-localsgd.outer_lr=1.0"]
     sgd += ["ray-localsgd.outer_momentum=0.0", "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1"]

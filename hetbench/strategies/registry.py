@@ -14,6 +14,7 @@ STRATEGIES = {  # name -> "module:Class"; one line per strategy
     "ray-train-gloo": "hetbench.strategies.ray_train_gloo:RayTrainGloo",
     "dask-sync": "hetbench.strategies.dask_sync:DaskSync",
     "ray-localsgd": "hetbench.strategies.ray_localsgd:RayLocalSGD",
+    "torch-ddp": "hetbench.strategies.torch_ddp:TorchDDP",
 }
 BASELINE = "single"
 

@@ -102,26 +102,37 @@ class Replica:
         finally:
             self.batches, self.rank = batches, rank
 
-    def local_step(self, step: int) -> float:
-        """(1) forward+backward on my slice of global batch `step` into my flat gradient; its seconds."""
+    def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """My slice of global batch `step`: images and labels on my device."""
         index = worker_slice(
             step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step), self.batches, self.rank
         )
         index = torch.from_numpy(index).to(self.device)
-        return self.work(
-            lambda: (self.flat.zero_grad(), forward_backward(self.flat.model, self.images[index], self.labels[index]))
-        )
+        return self.images[index], self.labels[index]
+
+    def local_step(self, step: int) -> float:
+        """(1) forward+backward on my slice of global batch `step` into my flat gradient; its seconds."""
+        images, labels = self.my_batch(step)
+        return self.work(lambda: (self.flat.zero_grad(), forward_backward(self.flat.model, images, labels)))
 
     def work(self, device_work) -> float:
-        """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated.
+        """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated."""
+        started = self.clock_in()
+        device_work()
+        return self.clock_out(started)
+
+    def clock_in(self) -> tuple[float, float]:
+        return now(self.device), cpu_wait()
+
+    def clock_out(self, started: tuple[float, float]) -> float:
+        """Seconds of device work since `clock_in`, slowed `slowdown` times when emulated.
 
         An emulated slower device takes `slowdown` times as long for the same work: we wait
         (slowdown - 1) x the work's own time. That excludes the time this thread waited for a CPU
         held by another process: on one box the emulated machines share cores, and multiplying those
         waits would slow the worker for the box's crowding, not for its device.
         """
-        start, waited = now(self.device), cpu_wait()
-        device_work()
+        start, waited = started
         seconds = now(self.device) - start
         delay = (self.spec["slowdown"] - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
         if delay > 0:

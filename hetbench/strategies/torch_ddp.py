@@ -1,0 +1,125 @@
+"""Plain PyTorch DistributedDataParallel over gloo: single.py's loop, one rank per configured worker.
+
+What a user would write instead of Ray: the ranks are processes placed like any worker's
+(cluster/placed.py: one on each labelled node), and from then on gradients go rank to rank in
+DDP's own gloo group. Nothing but "take a step" and the step's timings passes through the driver.
+
+Differs from single.py in (1)-(3): (1) each rank computes on its own slice of the global batch;
+(2) DDP all-reduces the gradient bucket by bucket while backward still runs, through our comm hook:
+each bucket is pre-scaled by the rank's batch share b_i/B and summed, so every rank holds the
+sample-weighted mean (DDP's own average would weight a 40-sample slice like a 24-sample one);
+(3) every rank takes the same optimizer step.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from hetbench.clock import now
+from hetbench.cluster.placed import place
+from hetbench.floor import free_port
+from hetbench.gradients import WIRE_DTYPES, batch_shares
+from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.strategies.roles import Replica
+from hetbench.strategies.single import OneDevice
+from hetbench.workload import build_optimizer, forward_backward
+
+
+class DDPRank(Replica):
+    """One rank: a worker's process, device and slice, in DDP's gloo group."""
+
+    def free_port(self, host: str) -> int:
+        return free_port(host)
+
+    def join(self, master: str, port: int, world: int) -> None:
+        timeout = timedelta(seconds=self.cfg["cluster"]["step_timeout_s"])
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://{master}:{port}", rank=self.rank, world_size=world, timeout=timeout
+        )
+
+    def reset(self, seed: int) -> None:
+        super().reset(seed)
+        # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors)
+        self.ddp = DistributedDataParallel(self.flat.model, init_sync=False)
+        self.ddp.register_comm_hook(None, self._allreduce)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+
+    def train_step(self, step: int) -> tuple[float, float]:
+        """My own work's seconds (compute and update, as on one device) and the whole step's."""
+        start = now(self.device)
+        images, labels = self.my_batch(step)
+        self.flat.zero_grad()
+        self.computed, self.started = 0.0, self.clock_in()
+        # (1) forward + backward on my slice; (2) runs inside backward, in _allreduce, bucket by bucket
+        forward_backward(self.ddp, images, labels)
+        # (3) the same optimizer step on every rank
+        own_s = self.computed + self.work(self.optimizer.step)
+        return own_s, now(self.device) - start
+
+    def _allreduce(self, _state, bucket):  # unannotated: DDP checks the annotations, which are strings here
+        """(2) one bucket, as backward fills it: x my batch share, SUM over the group in the wire
+        dtype, staged on CPU (gloo takes no MPS tensors); DDP copies the result into the gradients."""
+        self.computed += self.clock_out(self.started)  # my compute so far (an emulated slow device waits here)
+        buffer = bucket.buffer()
+        staged = buffer.mul_(batch_shares(self.batches)[self.rank]).to("cpu", WIRE_DTYPES[self.cfg["wire_dtype"]])
+        reduced = dist.all_reduce(staged, async_op=True).get_future()
+        self.started = self.clock_in()
+        return reduced.then(lambda done: done.value()[0].to(buffer.device, buffer.dtype))
+
+    weights, state, load_state = OneDevice.weights, OneDevice.state, OneDevice.load_state
+
+
+class TorchDDP(Strategy):
+    name = "torch-ddp"
+    table_note = "torch-ddp: PyTorch DDP over gloo, no Ray between the ranks; one all-reduce per step."
+    floor_transfers = 1.0
+    resumable = True
+    rebalances = True
+
+    def start(self) -> None:
+        # (0) one process per worker on its labelled node, then DDP's gloo group between them
+        self.placed = place(self.cfg, DDPRank, self.name)
+        self.info = self.placed.info
+        self._set_split([info["batch"] for info in self.info])
+        master = self.info[0]["node_ip"]
+        (port,) = self.placed.results([self.placed.call(0, "free_port", master)], "choosing a port")
+        self._each("join", master, port, len(self.info), doing="forming the gloo group (README: Ports)")
+
+    def reset(self, seed: int) -> None:
+        self._each("reset", seed)
+
+    def step(self, step: int, then: int | None = None) -> StepTiming:
+        # each rank's times, read in its own process: a call to it is not part of training
+        timings = self._each("train_step", step)
+        compute_s = {info["name"]: own for info, (own, _) in zip(self.info, timings)}
+        return StepTiming.synchronous(compute_s, max(total for _, total in timings))
+
+    def push_split(self) -> None:
+        self.placed.each("resplit", [(self.batches, rank) for rank in range(len(self.info))], "re-splitting")
+
+    def state(self) -> dict:
+        return self._rank0("state")
+
+    def load_state(self, state: dict) -> None:
+        self._each("load_state", state)
+
+    def weights(self) -> torch.Tensor:
+        return self._rank0("weights")
+
+    def worker_info(self) -> list[dict]:
+        return self.info
+
+    def close(self) -> None:
+        if getattr(self, "placed", None):
+            self.placed.close()
+
+    def _each(self, method: str, *args, doing: str = "") -> list:
+        return self.placed.each(method, [args] * len(self.info), doing or f"calling {method}")
+
+    def _rank0(self, method: str):
+        (value,) = self.placed.results([self.placed.call(0, method)], f"calling {method}")
+        return value
