@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -154,14 +155,17 @@ def faults_for(cls: type[Strategy], cfg: dict) -> tuple[list[dict], dict]:
     return cfg["faults"], {}
 
 
-def step_summary(timed: list[StepTiming]) -> dict:
+def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> dict:
+    """The typical step: the median, or a round's mean where only every `exchange_every`-th step exchanges."""
+    typical = median if exchange_every == 1 else statistics.fmean
     return {
-        "compute_s": median([max(t.compute_s.values()) for t in timed]),
-        "comm_s": median([t.comm_s for t in timed]),
-        "wait_s": median([t.wait_s for t in timed]),
-        "total_s": median([t.total_s for t in timed]),
-        "sync_overhead_s": median([t.sync_overhead_s for t in timed]),
-        "update_s": median([t.update_s for t in timed]),
+        "compute_s": typical([max(t.compute_s.values()) for t in timed]),
+        "comm_s": typical([t.comm_s for t in timed]),
+        "wait_s": typical([t.wait_s for t in timed]),
+        "total_s": typical([t.total_s for t in timed]),
+        "sync_overhead_s": typical([t.sync_overhead_s for t in timed]),
+        "update_s": typical([t.update_s for t in timed]),
+        "exchange_every": exchange_every,
     }
 
 
@@ -262,7 +266,7 @@ def run_strategy(
         "target_accuracy": cfg["target_accuracy"],
         "startup_s": startup_s,
         "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
-        "step": step_summary(timed),
+        "step": step_summary(timed, strategy.exchange_every),
         "accuracy_curve": repeats[0]["curve"],
         **notes,
         **extras,

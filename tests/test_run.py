@@ -169,3 +169,13 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
         INTERRUPTED.clear()
     _unraisable(swallowed[0])  # with no interrupt pending, an unraisable error is still shown
     assert "KeyboardInterrupt" in capsys.readouterr().err
+
+
+def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_step():
+    from hetbench.strategies.base import StepTiming
+
+    quiet, exchange = StepTiming({"w": 0.1}, 0.0, 0.0, 0.1), StepTiming({"w": 0.1}, 0.3, 0.0, 0.4)
+    round_of_four = [quiet, quiet, quiet, exchange]
+    assert runner.step_summary(round_of_four)["sync_overhead_s"] == 0  # the median step exchanges nothing
+    summary = runner.step_summary(round_of_four, exchange_every=4)
+    assert summary["sync_overhead_s"] == pytest.approx(0.075) and summary["total_s"] == pytest.approx(0.175)

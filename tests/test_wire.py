@@ -52,3 +52,4 @@ def test_records_say_what_each_worker_moves_a_step(tmp_path):
     # an exchange every 2 steps: the delta up and the weights down, 2 bytes a parameter
     assert [w["wire_bytes_per_step"] for w in local_sgd["workers"]] == [count_parameters(Net()) * 2] * 2
     assert local_sgd["floor_transfers"] == 0.5  # in float32 all-reduces of the model: 2 transfers / 2 steps / 2
+    assert local_sgd["step"]["exchange_every"] == 2  # its step figures are a round's mean

@@ -49,6 +49,9 @@ class Strategy(ABC):
     # is 1; a parameter server moves the gradient up, then the weights down, one after the other: 2.
     # None: no prediction (no link crossed, or no barrier per step).
     floor_transfers: ClassVar[float | None] = None
+    # Steps between exchanges over the link: above 1, most steps move nothing, so per-step costs are
+    # read as a round's mean (the median step would show no exchange at all).
+    exchange_every: int = 1
     # Goes on without a worker that dies (a fault, a machine lost): implements kill_worker and
     # keeps info/batches/shares per live worker, calling lose_worker for each lost one.
     survives_worker_loss: ClassVar[bool] = False

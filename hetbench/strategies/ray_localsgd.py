@@ -84,7 +84,7 @@ class RayLocalSGD(RayParameterServer):
 
     def __init__(self, cfg: dict) -> None:
         super().__init__(cfg)
-        self.every = cfg[NAME]["sync_every"]
+        self.every = self.exchange_every = cfg[NAME]["sync_every"]
         self.floor_transfers = 2.0 / self.every  # ray-ps's two transfers, once a round
 
     @classmethod
