@@ -81,7 +81,8 @@ def train_repeat(
         evaluating = evaluate is not None and ((step + 1) % cfg["eval_every"] == 0 or step + 1 == total)
         saving = save and (step + 1) % cfg["checkpoint_every"] == 0 and step + 1 < total
         rebalancing = strategy.rebalances and resplit_due(cfg, step, len(window) + 1)
-        pausing = evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
+        last = step + 1 == total  # nothing follows it: a step started past the end would hold the next reset
+        pausing = last or evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
         seen = len(strategy.events)
         timing = strategy.step(step, None if pausing else step + 1)
         disruptions = [event for event in strategy.events[seen:] if "rebalanced" not in event]

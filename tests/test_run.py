@@ -179,3 +179,29 @@ def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_ste
     assert runner.step_summary(round_of_four)["sync_overhead_s"] == 0  # the median step exchanges nothing
     summary = runner.step_summary(round_of_four, exchange_every=4)
     assert summary["sync_overhead_s"] == pytest.approx(0.075) and summary["total_s"] == pytest.approx(0.175)
+
+
+def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
+    # a step started past the end waited for weights that never came and held the next repeat's reset
+    from hetbench.progress import Progress
+    from hetbench.strategies.base import StepTiming, Strategy
+
+    class Recorder(Strategy):
+        name = "recorder"
+
+        def start(self) -> None: ...
+        def reset(self, seed: int) -> None: ...
+        def weights(self): ...
+        def worker_info(self) -> list[dict]:
+            return []
+
+        def step(self, step: int, then: int | None = None) -> StepTiming:
+            self.thens.append(then)
+            return StepTiming({"w": 0.01}, comm_s=0.0, wait_s=0.0, total_s=0.01)
+
+    cfg = small_config(tmp_path, "steps=3", "warmup_steps=1")
+    strategy = Recorder(cfg)
+    strategy.thens = []
+    with Progress("recorder", 4, 1) as bar:
+        runner.train_repeat(strategy, cfg, None, 0, bar)
+    assert strategy.thens == [1, 2, 3, None]
