@@ -78,6 +78,21 @@ def batch_shares(samples: Sequence[int]) -> list[float]:
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def weighted_allreduce(grads: torch.Tensor, share: float, wire_dtype: str, staging: torch.Tensor | None = None):
+    """The rule as one collective over the process group: grads x my share b_i/B (in place, in
+    float32, where they are), staged on CPU in the wire dtype (gloo takes no MPS tensors), SUM.
+
+    Returns a future of the sample-weighted mean on grads' device and dtype. `staging`: a CPU
+    buffer in the wire dtype to reuse, else one is made per call.
+    """
+    import torch.distributed as dist
+
+    grads.mul_(share)
+    staged = staging.copy_(grads) if staging is not None else grads.to("cpu", WIRE_DTYPES[wire_dtype])
+    reduced = dist.all_reduce(staged, async_op=True).get_future()
+    return reduced.then(lambda done: done.value()[0].to(grads.device, grads.dtype))
+
+
 def to_wire(flat: torch.Tensor, wire_dtype: str):
     """A flat buffer as it leaves for another process by value: a CPU numpy array in `wire_dtype`
     (float32: the buffer itself, no copy). numpy has no bfloat16: its bits travel as int16."""

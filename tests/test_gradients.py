@@ -3,10 +3,15 @@
 `first_update_distributed` is the reference every strategy's equivalence test compares against.
 """
 
+import multiprocessing as mp
+import queue
+from datetime import timedelta
+
 import pytest
 import torch
 
-from hetbench.gradients import FlatModel, batch_shares, weighted_sum
+from hetbench.floor import free_port
+from hetbench.gradients import FlatModel, batch_shares, weighted_allreduce, weighted_sum
 from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
@@ -134,3 +139,45 @@ def test_worker_slices_partition_the_global_batch_in_worker_order():
     parts = [worker_slice(indices, BATCHES, r) for r in range(len(BATCHES))]
     assert [len(p) for p in parts] == BATCHES
     assert (torch.tensor([*parts[0], *parts[1]]) == torch.tensor(indices)).all()
+
+
+def _rank(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    share = [0.625, 0.375][rank]  # batches 40 and 24 of 64
+    flat = FlatModel(build_model(0.0, seed=0))
+    flat.grads.fill_(float(rank + 1))  # rank 0's gradient is all 1s, rank 1's all 2s
+    # ray-train-gloo's form: a reused float32 staging buffer, the result copied into the views
+    flat.grads.copy_(weighted_allreduce(flat.grads, share, "float32", torch.zeros_like(flat.grads)).wait())
+    first = next(flat.model.parameters())
+    views_intact = torch.equal(first.grad.reshape(-1), flat.grads[: first.numel()])
+    staged = (flat.grads.min().item(), flat.grads.max().item(), views_intact)
+    # torch-ddp's hook form: no staging buffer, bfloat16 on the wire, float32 back
+    bucket = torch.full((1000,), float(rank + 1))
+    reduced = weighted_allreduce(bucket, share, "bfloat16").wait()
+    results.put((rank, staged, (reduced.min().item(), reduced.max().item(), reduced.dtype)))
+    dist.destroy_process_group()
+
+
+def test_weighted_allreduce_applies_the_rule_across_two_gloo_ranks_in_either_wire_dtype():
+    ctx = mp.get_context("spawn")
+    results, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, results), daemon=True) for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = sorted(results.get(timeout=120) for _ in procs)
+    except queue.Empty:
+        raise AssertionError("gloo ranks did not finish") from None
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    expected = 0.625 * 1 + 0.375 * 2  # exact in float32 and in bfloat16
+    for _, staged, unstaged in got:
+        assert staged == (expected, expected, True)
+        assert unstaged == (expected, expected, torch.float32)

@@ -1,60 +1,12 @@
-"""ray-train-gloo on real Ray Train and real gloo: the staged weighted all-reduce, equivalence, learning."""
+"""ray-train-gloo on real Ray Train and real gloo: equivalence, learning, placement."""
 
 import json
-import multiprocessing as mp
-import queue
-from datetime import timedelta
 
 import ray
-import torch
 
 from helpers import UNEQUAL, small_config
-from hetbench.floor import free_port
-from hetbench.gradients import FlatModel
 from hetbench.runner import run
-from hetbench.strategies.ray_train_gloo import RayTrainGloo, assign_ranks, staged_allreduce
-from hetbench.workload import build_model
-
-
-def _rank(rank: int, port: int, results) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
-    flat = FlatModel(build_model(0.0, seed=0))  # stands in for an MPS rank: the same copy-in/copy-out path
-    flat.grads.fill_(float(rank + 1))  # rank 0's gradient is all 1s, rank 1's all 2s
-    staging = torch.zeros_like(flat.grads)
-    staged_allreduce(flat, staging, share=[0.625, 0.375][rank])
-    results.put(
-        (
-            rank,
-            flat.grads.min().item(),
-            flat.grads.max().item(),
-            all(torch.equal(p.grad, flat.grads[: p.numel()].view_as(p)) for p in list(flat.model.parameters())[:1]),
-        )
-    )
-    dist.destroy_process_group()
-
-
-def test_staged_allreduce_applies_the_sample_weighted_rule_across_two_gloo_ranks():
-    ctx = mp.get_context("spawn")
-    results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = sorted(results.get(timeout=120) for _ in procs)
-    except queue.Empty:
-        raise AssertionError("gloo ranks did not finish") from None
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    expected = 0.625 * 1 + 0.375 * 2  # batches 40 and 24 of 64
-    for _, low, high, views_intact in got:
-        assert abs(low - expected) < 1e-6 and abs(high - expected) < 1e-6 and views_intact
+from hetbench.strategies.ray_train_gloo import RayTrainGloo, assign_ranks
 
 
 def test_learns_and_records_every_rank(tmp_path):

@@ -27,7 +27,7 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.config import repeat_steps
 from hetbench.errors import RunFailed, quiet_loggers
-from hetbench.gradients import WIRE_DTYPES, FlatModel, batch_shares, from_buffer
+from hetbench.gradients import WIRE_DTYPES, batch_shares, from_buffer, weighted_allreduce
 from hetbench.results.checkpoints import load_train_state, train_state
 from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.strategies.ray_train_collector import Collector
@@ -38,17 +38,6 @@ from hetbench.workload import build_optimizer
 @ray.remote(num_cpus=0)
 def kill_process(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-
-
-def staged_allreduce(flat: FlatModel, staging: torch.Tensor, share: float) -> None:
-    """(2) grads x share (in float32, where they are) -> one CPU buffer in the wire dtype, SUM over
-    gloo, back to the device."""
-    import torch.distributed as dist
-
-    flat.grads.mul_(share)
-    staging.copy_(flat.grads)
-    dist.all_reduce(staging)
-    flat.grads.copy_(staging)
 
 
 def gathered_split(cfg: dict, replica: Replica, window: list[float]) -> list[int] | None:
@@ -117,7 +106,7 @@ def train_loop(config: dict) -> None:
             compute_s = replica.local_step(step)
             computed = now(device)
             # (2) the sample-weighted rule as one all-reduce over gloo
-            staged_allreduce(flat, staging, share)
+            flat.grads.copy_(weighted_allreduce(flat.grads, share, cfg["wire_dtype"], staging).wait())
             reduced = now(device)
             # (3) the same optimizer step on every rank (an emulated slow device is slow here too)
             replica.work(optimizer.step)

@@ -22,7 +22,7 @@ from torch.nn.parallel import DistributedDataParallel
 from hetbench.clock import now
 from hetbench.cluster.placed import place
 from hetbench.floor import free_port
-from hetbench.gradients import WIRE_DTYPES, batch_shares
+from hetbench.gradients import batch_shares, weighted_allreduce
 from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.strategies.roles import Replica
 from hetbench.strategies.single import OneDevice
@@ -64,11 +64,9 @@ class DDPRank(Replica):
         """(2) one bucket, as backward fills it: x my batch share, SUM over the group in the wire
         dtype, staged on CPU (gloo takes no MPS tensors); DDP copies the result into the gradients."""
         self.computed += self.clock_out(self.started)  # my compute so far (an emulated slow device waits here)
-        buffer = bucket.buffer()
-        staged = buffer.mul_(batch_shares(self.batches)[self.rank]).to("cpu", WIRE_DTYPES[self.cfg["wire_dtype"]])
-        reduced = dist.all_reduce(staged, async_op=True).get_future()
+        reduced = weighted_allreduce(bucket.buffer(), batch_shares(self.batches)[self.rank], self.cfg["wire_dtype"])
         self.started = self.clock_in()
-        return reduced.then(lambda done: done.value()[0].to(buffer.device, buffer.dtype))
+        return reduced
 
     weights, state, load_state = OneDevice.weights, OneDevice.state, OneDevice.load_state
 
