@@ -9,7 +9,7 @@ import yaml
 
 from helpers import REPO
 from hetbench.cluster.join_checks import check_token
-from hetbench.cluster.nodes import DASK_WORKER_PORT, RAY_NODE_PORTS, fixed_port_args
+from hetbench.cluster.nodes import DASK_WORKER_PORT, DIRECT_PORT, RAY_NODE_PORTS, fixed_port_args
 from hetbench.cluster.worker import node_commands, node_environments
 from hetbench.errors import UserError
 
@@ -20,8 +20,9 @@ def test_compose_the_readme_and_the_smokes_firewall_name_the_fixed_ports_of_node
     head = COMPOSE["services"]["ray-head"]["command"]
     assert all(arg in head.split() for arg in fixed_port_args())
     assert f"--worker-port={DASK_WORKER_PORT}" in COMPOSE["services"]["dask-worker"]["command"].split()
+    assert f" {DIRECT_PORT} ray-ps" in (REPO / "compose.yaml").read_text()  # named for the firewall's owner
     readme = (REPO / "README.md").read_text()
-    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT]:
+    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT, DIRECT_PORT]:
         assert re.search(rf"\b{port}\b", readme), f"README does not list port {port}"
     smoke = (REPO / "deploy/ci/compose-smoke.sh").read_text()
     opened = re.search(r"^MAC_PORTS=(\S+)$", smoke, re.M).group(1)

@@ -103,7 +103,7 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     dask = by_scenario[("dask-sync", "equal")]["workers"]
     assert dask[0]["dask_worker"] != dask[1]["dask_worker"]
     # only the head node's worker shares the server's memory: the mac node stands for another machine
-    assert [w["transport"] for w in ps] == ["shared memory", "object store"]
+    assert [w["transport"] for w in ps] == ["shared memory", "direct tcp"]
     assert [w["transport"] for w in dask] == ["shared memory", "tcp"]
     auto = by_scenario[("ray-ps", "auto")]
     standalone = {w["name"]: w["standalone_samples_per_s"] for w in auto["workers"]}
@@ -286,7 +286,7 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     assert (ps["workers"][0]["node_ip"], ps["workers"][1]["node_ip"]) == ("10.231.0.1", "10.231.0.2")
     assert dask["workers"][1]["dask_worker"].startswith("tcp://10.231.0.2:")
     # the mac's gradients and weights cross the link; the desk's, on the server's host, do not
-    assert [w["transport"] for w in ps["workers"]] == ["shared memory", "object store"]
+    assert [w["transport"] for w in ps["workers"]] == ["shared memory", "direct tcp"]
     assert [w["transport"] for w in dask["workers"]] == ["shared memory", "tcp"]
     assert floor["link"] == {"rate": "200mbit"} and floor["path"]["ips"] == ["10.231.0.1", "10.231.0.2"]
     assert "200mbit" in (tmp_path / "quick.md").read_text()

@@ -1,6 +1,7 @@
 """ray-ps / ray-ps-async on real Ray: the update rule, learning, placement, a dying worker, bad addresses."""
 
 import json
+import socket
 import time
 from pathlib import Path
 
@@ -12,12 +13,12 @@ from helpers import (
     LABELLED,
     UNEQUAL,
     assert_one_line_error,
-    first_update,
     hetbench,
     placed_workers,
     run_killing_a_worker,
     small_config,
 )
+from hetbench.cluster.nodes import DIRECT_PORT
 from hetbench.errors import UserError
 from hetbench.runner import run
 from hetbench.strategies import ray_ps
@@ -67,20 +68,45 @@ def test_worker_labelled_for_the_second_node_runs_there(tmp_path, two_nodes):
     assert placed["d"] != mac.node_id
 
 
-def test_a_worker_on_the_servers_node_shares_memory_with_it_and_the_update_stays_exact(tmp_path, two_nodes):
+@pytest.mark.parametrize(
+    "transport, blocked, mac_gets",
+    [
+        ("direct", False, "direct tcp"),
+        ("direct", True, "object store"),  # the server's port is taken: the object store serves
+        ("object-store", False, "object store"),
+    ],
+)
+def test_the_servers_node_shares_memory_the_other_its_transport_and_the_update_stays_exact(
+    tmp_path, two_nodes, transport, blocked, mac_gets
+):
     cluster, _ = two_nodes
-    cfg = small_config(tmp_path, f"cluster.ray_address={cluster.address}", LABELLED, "dropout=0")
-    strategy = ray_ps.RayParameterServer(cfg)
+    cfg = small_config(
+        tmp_path, f"cluster.ray_address={cluster.address}", LABELLED, "dropout=0", f"ray-ps.transport={transport}"
+    )
+    blocker = socket.create_server(("", DIRECT_PORT)) if blocked else None
+    try:
+        mixed, transports = trained(ray_ps.RayParameterServer, cfg)
+    finally:
+        if blocker:
+            blocker.close()
+    # the driver (and so the server) is on the head node, beside `d`; `m` is on the second node
+    assert transports == {"d": "shared memory", "m": mac_gets}
+    assert torch.allclose(mixed, trained(Single, cfg)[0], atol=1e-5, rtol=0)
+
+
+def trained(strategy_cls, cfg, steps: int = 3) -> tuple[torch.Tensor, dict]:
+    """The weights after `steps` steps, each queued before the last one ended, and each worker's transport."""
+    strategy = strategy_cls(cfg)
     try:
         strategy.start()
-        transports = {w["name"]: w["transport"] for w in strategy.worker_info()}
+        transports = {w["name"]: w.get("transport") for w in strategy.worker_info()}
         assert not list(Path("/dev/shm").glob("hetbench-*"))  # unlinked once mapped: nothing can be left
+        strategy.reset(cfg["seed"])
+        for step in range(steps):
+            strategy.step(step, step + 1 if step + 1 < steps else None)
+        return strategy.weights(), transports
     finally:
         strategy.close()
-    # the driver (and so the server) is on the head node, beside `d`; `m` is on the second node
-    assert transports == {"d": "shared memory", "m": "object store"}
-    mixed = first_update(ray_ps.RayParameterServer, cfg)
-    assert torch.allclose(mixed, first_update(Single, cfg), atol=1e-5, rtol=0)
 
 
 def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tmp_path, two_nodes, capsys):

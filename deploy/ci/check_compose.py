@@ -62,6 +62,9 @@ def check_records(records: list[dict], strategies: list[str], floor: bool) -> No
         ps = next(r for r in records if r["strategy"] == "ray-ps")["workers"]
         if ps[0]["node_id"] == ps[1]["node_id"]:
             fail("ray-ps's desktop and mac workers ran on one Ray node")
+        mac = next(w for w in ps if w["node"] == "mac")
+        if mac["transport"] != "direct tcp":  # the Mac connects out to the head's port 6386
+            fail(f"ray-ps's mac worker used the {mac['transport']}, not its own connection to the server")
     if "single" in strategies:
         single = next(r for r in records if r["strategy"] == "single")
         (worker,) = single["workers"]

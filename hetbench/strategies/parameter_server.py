@@ -60,10 +60,18 @@ class ParameterServerDriver(Strategy, HandsOff):
             if mapped and HostBuffers.can_hand_off()
             else None
         )
-        self._server("shared_by_all", len(mapped) < len(self.info))  # the name goes: nothing can be left
         self.slots = [local.index(r) if r in mapped else None for r in ranks]
+        direct = self._connect_direct([r for r in ranks if r not in mapped])
+        self.direct = [r in direct for r in ranks]
+        # the name goes (nothing can be left); the server learns whether any weights go by value
+        self._server("shared_by_all", len(mapped) + len(direct) < len(self.info))
         for rank, info in enumerate(self.info):
-            info["transport"] = "shared memory" if rank in mapped else self.by_value
+            info["transport"] = "shared memory" if rank in mapped else "direct tcp" if rank in direct else self.by_value
+
+    def _connect_direct(self, ranks: list[int]) -> set[int]:
+        """The ranks (of `ranks`, the workers off the server's machine) given a channel of their own to
+        the server; a strategy with one sets it up here. The others go through `by_value`."""
+        return set()
 
     def reset(self, seed: int) -> None:
         # self.newest: a handle of the newest weights, as the workers are given them
@@ -136,7 +144,7 @@ class ParameterServerDriver(Strategy, HandsOff):
             "compute",
             self.newest if needs_weights else None,
             step,
-            ticket if handed_off else None,
+            ticket if handed_off or self.direct[rank] else None,
             after if handed_off else None,
             returns=2,
         )
@@ -157,7 +165,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         """Forget the lost workers (highest rank first, so the others keep their places), re-split."""
         for rank in sorted(ranks, reverse=True):
             self.placed.drop(rank)
-            del self.slots[rank]
+            del self.slots[rank], self.direct[rank]
             self.lose_worker(rank, step)
         self.push_split()
 

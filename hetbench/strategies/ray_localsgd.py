@@ -14,7 +14,6 @@ take as long as anyone's: the slow machine is not waited for at the exchange.
 
 from __future__ import annotations
 
-import ray
 import torch
 
 from hetbench.clock import now
@@ -40,16 +39,17 @@ class LocalReplica(RayReplica):
         if self.taken and self.taken[0] == step:  # the step redone after a worker was lost: mine is in
             return self.taken[1]
         if weights is not None:
-            self.flat.load_params(from_wire(ray.get(weights[0])))
+            self.flat.load_params(from_wire(self.weights_in(weights)))
             self.round_start.copy_(self.flat.params)
         seconds = self.local_step(step) + self.work(self.optimizer.step)
         self.taken = (step, seconds)
         return seconds
 
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
-        """The round's last step, then (2a) my delta into the object store, put by me."""
+        """The round's last step, then (2a) my delta to the server, as ray-ps sends a gradient."""
         compute_s = self.inner(weights, step)
-        return [ray.put(to_wire(self.round_start - self.flat.params, self.cfg["wire_dtype"]))], compute_s
+        delta = to_wire(self.round_start - self.flat.params, self.cfg["wire_dtype"])
+        return [self.gradient_out(delta, ticket)], compute_s
 
 
 class OuterServer(RayServer):
@@ -70,6 +70,7 @@ class RayLocalSGD(RayParameterServer):
     name = NAME
     replica, server = LocalReplica, OuterServer
     options = {
+        **RayParameterServer.options,
         "sync_every": (8, "steps each worker takes on its own replica between exchanges (H)"),
         "outer_lr": (0.7, "the outer step's learning rate (DiLoCo's); 1 with momentum 0 = plain averaging"),
         "outer_momentum": (0.9, "the outer step's Nesterov momentum; 0 = none"),
@@ -89,6 +90,7 @@ class RayLocalSGD(RayParameterServer):
 
     @classmethod
     def check_options(cls, options: dict) -> None:
+        super().check_options(options)
         if options["sync_every"] < 1:  # config.py has checked it is an int, and not negative
             raise UserError(f"config key '{NAME}.sync_every' must be a whole number of steps >= 1")
 
@@ -115,7 +117,7 @@ class RayLocalSGD(RayParameterServer):
             return StepTiming.synchronous(survivors, now() - start)
 
     def _compute(self, rank: int, step: int, ticket: int, after: int | None = None) -> tuple:
-        return self.placed.call(rank, "compute", self._round_weights(), step, returns=2)
+        return self.placed.call(rank, "compute", self._round_weights(), step, ticket, returns=2)
 
     def _round_weights(self) -> list | None:
         """The server's newest weights where a round begins; between, each replica keeps its own."""

@@ -1,10 +1,12 @@
 """Ray parameter server: single.py's loop with (1) on Ray actors, one per worker on its labelled
 node, and (2)(3) on a server actor on the driver's node (the shared driver: parameter_server.py).
 
-What is Ray's own here: how a flat buffer travels between nodes. Across nodes each buffer goes
-through Ray's object store, put once by the process that made it (inside a list, so Ray passes
-the reference rather than the value) and read zero-copy by the others; a call given the weights'
-reference starts once they exist, so the next step's calls queue before the update (4).
+What is Ray's own here: where the actors run and how calls reach them. A worker on another node
+gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop;
+with `transport: object-store`, or when that connection cannot be made, each buffer goes through
+Ray's object store instead, put once by the process that made it (inside a list, so Ray passes
+the reference rather than the value) and read zero-copy by the other. Either way a call given the
+weights' reference starts once the update is done, so the next step's calls queue before it (4).
 Workers on the server's node use shared memory instead (the driver's).
 """
 
@@ -12,20 +14,70 @@ from __future__ import annotations
 
 import ray
 
+from hetbench.cluster.nodes import DIRECT_PORT
+from hetbench.errors import UserError
 from hetbench.strategies.parameter_server import ParameterServerDriver
 from hetbench.strategies.roles import ParameterServer, Replica
+from hetbench.transport.direct import Channel, Listener, Sent, hello
+
+TRANSPORTS = ("direct", "object-store")
 
 
 class RayReplica(Replica):
+    channel: Channel | None = None  # my own connection to the server, when I am off its node
+    version = -1  # the version of the weights I last took from it
+
+    def connect(self, address: tuple[str, int], greeting: bytes) -> bool:
+        self.channel = Channel.connect(tuple(address), greeting, self.cfg["cluster"]["step_timeout_s"])
+        return self.channel is not None
+
+    def disconnect(self) -> None:
+        if self.channel:
+            self.channel.close()
+            self.channel = None
+
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
-        # (2a) the weights from the object store (in shared memory: already there)
-        grad, compute_s = super().compute(None if self.shared else ray.get(weights[0]), step, ticket, after)
-        # (2b) my gradient into the object store, put by me; in shared memory its slot's number
-        return [grad if self.shared else ray.put(grad)], compute_s
+        grad, compute_s = super().compute(None if self.shared else self.weights_in(weights), step, ticket, after)
+        return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
+
+    def weights_in(self, weights: list):
+        """(2a) the weights named by [object store reference, version]: over my channel (already here
+        unless the step is redone), else from the object store."""
+        if self.channel is None:
+            return ray.get(weights[0])
+        if weights[1] != self.version:
+            self.held, self.version = self.channel.receive(weights[1]), weights[1]
+        return self.held
+
+    def gradient_out(self, grad, ticket: int | None) -> Sent | ray.ObjectRef:
+        """(2b) my gradient over my channel, tagged with the step attempt, else into the object store.
+        Posted (a copy: it may be my gradient buffer itself), so no dead link holds this call."""
+        if self.channel is None:
+            return ray.put(grad)
+        self.channel.post(ticket, grad.copy())
+        return Sent(self.spec["name"], ticket)
 
 
 class RayServer(ParameterServer):
     object_store = True  # whether any worker reads the weights from the object store
+    listener: Listener | None = None
+    version = 0  # of the weights, counted as they are published
+
+    def __init__(self) -> None:
+        self.channels: dict[str, Channel] = {}  # worker name -> its direct channel
+
+    def listen(self, port: int, timeout_s: float) -> tuple | None:
+        """A port on this node for workers elsewhere: (address, the run's secret), or None if it is taken."""
+        try:
+            self.listener = Listener(ray.util.get_node_ip_address(), port, timeout_s)
+        except OSError:
+            return None
+        return self.listener.address, self.listener.secret
+
+    def accept(self, names: list[str]) -> list[str]:
+        self.channels = self.listener.accept(names)
+        self.listener.close()
+        return list(self.channels)
 
     def shared_by_all(self, by_value: bool = True) -> None:
         super().shared_by_all(by_value)
@@ -38,15 +90,28 @@ class RayServer(ParameterServer):
         return self._put(super().load_state(state))
 
     def apply(self, shares: list[float], *grads, ticket: int | None = None):
-        # (2c) the gradients: [reference] lists from the object store, or slots of shared memory
+        # (2c) the gradients: [reference] lists from the object store or channels, or slots of shared memory
         grads = [g[0] if isinstance(g, list) else g for g in grads]
         refs = [g for g in grads if isinstance(g, ray.ObjectRef)]
         fetched = dict(zip(refs, ray.get(refs)))
-        weights, update_s = super().apply(shares, *[fetched.get(g, g) for g in grads], ticket=ticket)
+        grads = [self.channels[g.name].receive(g.tag) if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
+        weights, update_s = super().apply(shares, *grads, ticket=ticket)
         return self._put(weights), update_s
 
+    def forget(self, names: list[str]) -> None:
+        """Lost workers' channels: closed, so nothing more waits on them."""
+        for name in names:
+            self.channels.pop(name).close()
+
     def _put(self, weights) -> list:
-        return [ray.put(weights) if self.object_store else None]
+        """New weights out: posted down every channel (a copy: the master weights move on), or put
+        in the object store; [reference, version]."""
+        self.version += 1
+        if self.channels:
+            posted = weights.copy()
+            for channel in self.channels.values():
+                channel.post(self.version, posted)
+        return [ray.put(weights) if self.object_store else None, self.version]
 
 
 class RayParameterServer(ParameterServerDriver):
@@ -54,3 +119,32 @@ class RayParameterServer(ParameterServerDriver):
     via = "ray"
     replica, server = RayReplica, RayServer
     by_value = "object store"
+    options = {"transport": ("direct", "workers on other nodes: direct (a TCP connection each) or object-store")}
+
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        if options["transport"] not in TRANSPORTS:
+            raise UserError(f"config key '{cls.name}.transport' must be one of {', '.join(TRANSPORTS)}")
+
+    def _lose(self, ranks: list[int], step: int) -> None:
+        lost = [self.info[r]["name"] for r in ranks if self.direct[r]]
+        if lost:
+            self._server("forget", lost)
+        super()._lose(ranks, step)
+
+    def _connect_direct(self, ranks: list[int]) -> set[int]:
+        if not ranks or self.cfg[self.name].get("transport", "object-store") != "direct":
+            return set()
+        # a joined cluster's server listens on a port its firewall can open (README: Ports)
+        port = DIRECT_PORT if self.cfg["cluster"]["ray_address"] else 0
+        listening = self._server("listen", port, self.cfg["cluster"]["step_timeout_s"])
+        if listening is None:
+            return set()
+        address, secret = listening
+        names = [self.info[r]["name"] for r in ranks]
+        calls = [self.placed.call(r, "connect", address, hello(secret, n)) for r, n in zip(ranks, names)]
+        connected = [n for n, ok in zip(names, self.placed.results(calls, "connecting to the server")) if ok]
+        accepted = set(self._server("accept", connected))
+        unused = [r for r, n in zip(ranks, names) if n in connected and n not in accepted]
+        self.placed.results([self.placed.call(r, "disconnect") for r in unused], "closing unused channels")
+        return {r for r, n in zip(ranks, names) if n in accepted}

@@ -28,6 +28,11 @@ class RayParameterServerAsync(RayParameterServer):
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
     resumable = False  # gradients in flight at a checkpoint would be lost: not built yet
 
+    @classmethod
+    def check_options(cls, options: dict) -> None:
+        """No `transport` to choose: the object store, where a worker pulls only the version it starts
+        from (ray-ps's channels push every version to every worker)."""
+
     def reset(self, seed: int) -> None:
         self._drain()
         super().reset(seed)

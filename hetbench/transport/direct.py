@@ -1,0 +1,171 @@
+"""Flat buffers straight between a parameter server and a worker on another machine: one TCP
+connection each, one hop, where Ray's object store takes two (the sender's store, then the
+receiver's pulls it) and a call's round trip to say where the buffer is.
+
+Each message is a tagged array: the step attempt's ticket for a gradient, the weights' version for
+weights. A reader thread at each end takes every message in as it arrives (so a sender never waits
+for the other end's method to run) and `receive(tag)` returns the first one tagged at least `tag`,
+dropping older ones (what a failed step attempt left behind).
+"""
+
+from __future__ import annotations
+
+import hmac
+import queue
+import secrets
+import socket
+import struct
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+
+HEADER = struct.Struct("!qqc")  # tag, payload bytes, numpy dtype char (f: float32, e: float16, h: bfloat16 bits)
+SECRET_BYTES = 16  # a run's secret, given to both ends through the cluster: a stranger's connection is closed
+
+
+class Sent(NamedTuple):
+    """What a worker hands back in place of a gradient it sent over its channel."""
+
+    name: str
+    tag: int
+
+
+def hello(secret: bytes, name: str) -> bytes:
+    """What worker `name` says first: the run's secret (from the server, through the cluster) and its name."""
+    encoded = name.encode()
+    return secret + struct.pack("!H", len(encoded)) + encoded
+
+
+class Channel:
+    def __init__(self, sock: socket.socket, timeout_s: float) -> None:
+        sock.settimeout(timeout_s)  # bounds a send (a peer behind a cut link takes nothing); the reader waits on
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock, self.timeout_s = sock, timeout_s
+        self.inbox: queue.Queue = queue.Queue()
+        self.outbox: queue.Queue = queue.Queue()  # what `post` leaves for the sender thread
+        self.send_lock = threading.Lock()
+        self.broken = False  # a send failed: the other end is gone, or unreachable past the timeout
+        threading.Thread(target=self._read, daemon=True, name="direct-reader").start()
+        threading.Thread(target=self._send_posted, daemon=True, name="direct-sender").start()
+
+    @classmethod
+    def connect(cls, address: tuple[str, int], hello: bytes, timeout_s: float) -> Channel | None:
+        """The worker's end: None when the server cannot be reached (a firewall, say)."""
+        try:
+            sock = socket.create_connection(address, timeout=min(timeout_s, 5.0))
+            sock.sendall(hello)
+        except OSError:
+            return None
+        return cls(sock, timeout_s)
+
+    def send(self, tag: int, array: np.ndarray) -> bool:
+        """False when the other end is gone (a lost worker: the driver finds out from its call)."""
+        payload = memoryview(np.ascontiguousarray(array)).cast("B")
+        try:
+            with self.send_lock:
+                self.sock.sendall(HEADER.pack(tag, payload.nbytes, array.dtype.char.encode()))
+                self.sock.sendall(payload)
+            return True
+        except OSError:
+            self.broken = True
+            return False
+
+    def post(self, tag: int, array: np.ndarray) -> None:
+        """`send` from a thread of the channel's own, so the caller never waits for the other end
+        (e.g. one behind a cut link). `array` must not change until it is sent: post a copy."""
+        self.outbox.put((tag, array))
+
+    def receive(self, tag: int) -> np.ndarray:
+        """The first message tagged `tag` or later; ConnectionError when the other end is gone or silent."""
+        while True:
+            try:
+                got_tag, array = self.inbox.get(timeout=self.timeout_s)
+            except queue.Empty:
+                raise ConnectionError(f"nothing came over the direct channel within {self.timeout_s:g} s") from None
+            if array is None:
+                self.inbox.put((got_tag, None))  # the end stays visible to later calls
+                raise ConnectionError("the direct channel's other end closed")
+            if got_tag >= tag:
+                return array
+
+    def close(self) -> None:
+        self.outbox.put((-1, None))
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def _send_posted(self) -> None:
+        while not self.broken:
+            tag, array = self.outbox.get()
+            if array is None or not self.send(tag, array):
+                return
+
+    def _read(self) -> None:
+        try:
+            while True:
+                tag, size, char = HEADER.unpack(_read_exactly(self.sock, HEADER.size, patient=True))
+                array = np.empty(size // np.dtype(char.decode()).itemsize, char.decode())
+                _read_into(self.sock, memoryview(array).cast("B"), patient=True)
+                self.inbox.put((tag, array))
+        except (OSError, ConnectionError, ValueError):
+            self.inbox.put((-1, None))
+
+
+class Listener:
+    """The server's end: a port on its node's address that the workers' channels connect to."""
+
+    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+        self.sock = socket.create_server((host, port))
+        self.timeout_s = timeout_s
+        self.secret = secrets.token_bytes(SECRET_BYTES)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.sock.getsockname()[:2]
+
+    def accept(self, names: list[str]) -> dict[str, Channel]:
+        """A channel per named worker that connected (the backlog holds them) within the timeout."""
+        channels: dict[str, Channel] = {}
+        deadline = time.monotonic() + self.timeout_s
+        while set(channels) != set(names) and time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                sock, _ = self.sock.accept()
+                sock.settimeout(self.timeout_s)
+                secret = _read_exactly(sock, SECRET_BYTES)
+                (length,) = struct.unpack("!H", _read_exactly(sock, 2))
+                name = _read_exactly(sock, length).decode()
+            except (OSError, ConnectionError, UnicodeDecodeError):
+                continue
+            if hmac.compare_digest(secret, self.secret) and name in names:
+                channels[name] = Channel(sock, self.timeout_s)
+            else:
+                sock.close()
+        return channels
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _read_exactly(sock: socket.socket, size: int, patient: bool = False) -> bytes:
+    buffer = bytearray(size)
+    _read_into(sock, memoryview(buffer), patient)
+    return bytes(buffer)
+
+
+def _read_into(sock: socket.socket, view: memoryview, patient: bool = False) -> None:
+    """Fill `view`; `patient`: wait past the socket's timeout (`receive` bounds the reader's waits)."""
+    while view.nbytes:
+        try:
+            got = sock.recv_into(view)
+        except TimeoutError:
+            if patient:
+                continue
+            raise
+        if not got:
+            raise ConnectionError("the other end closed")
+        view = view[got:]

@@ -1,0 +1,87 @@
+"""ray-ps's direct channel on loopback: tagged buffers both ways, stale ones dropped, strangers refused."""
+
+import socket
+
+import numpy as np
+import pytest
+
+from hetbench.gradients import from_wire, to_wire
+from hetbench.transport.direct import Channel, Listener, hello
+
+
+@pytest.fixture
+def pair():
+    """A server end and worker 'mac''s end, connected through a Listener as ray-ps connects them."""
+    listener = Listener("127.0.0.1", 0, timeout_s=10)
+    worker = Channel.connect(listener.address, hello(listener.secret, "mac"), timeout_s=10)
+    server = listener.accept(["mac"])["mac"]
+    listener.close()
+    yield server, worker
+    server.close()
+    worker.close()
+
+
+def test_buffers_cross_both_ways_in_their_wire_dtype(pair):
+    import torch
+
+    server, worker = pair
+    weights = torch.randn(1_250_000)  # ~the model's size: more than a socket buffer holds
+    server.post(1, to_wire(weights, "float32"))  # as ray-ps's server pushes weights: from a thread
+    server.post(2, to_wire(weights, "bfloat16"))
+    assert torch.equal(from_wire(worker.receive(1)), weights)
+    assert torch.equal(from_wire(worker.receive(2)), weights.to(torch.bfloat16).float())
+    assert worker.send(7, np.arange(5, dtype=np.float16))
+    assert server.receive(7).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_receive_drops_what_a_failed_attempt_left(pair):
+    server, worker = pair
+    for tag in (3, 4, 5):  # attempts 3 and 4 failed on the server's side; 5 is the one asked for
+        worker.send(tag, np.full(3, tag, dtype=np.float32))
+    assert server.receive(5).tolist() == [5, 5, 5]
+
+
+def test_a_closed_end_is_an_error_not_a_wait(pair):
+    server, worker = pair
+    worker.close()
+    with pytest.raises(ConnectionError, match="closed"):
+        server.receive(1)
+    with pytest.raises(ConnectionError, match="closed"):  # and stays one
+        server.receive(1)
+    big = np.zeros(8_000_000, dtype=np.float32)  # more than the kernel buffers: a send must notice
+    assert not server.send(1, big) and server.broken
+
+
+def test_a_silent_end_times_out():
+    listener = Listener("127.0.0.1", 0, timeout_s=0.5)
+    worker = Channel.connect(listener.address, hello(listener.secret, "mac"), timeout_s=0.5)
+    server = listener.accept(["mac"])["mac"]
+    try:
+        with pytest.raises(ConnectionError, match="within 0.5 s"):
+            server.receive(1)
+    finally:
+        for end in (server, worker, listener):
+            end.close()
+
+
+def test_only_the_named_workers_with_the_runs_secret_are_accepted():
+    listener = Listener("127.0.0.1", 0, timeout_s=1)
+    stranger = socket.create_connection(listener.address)
+    stranger.sendall(hello(b"x" * 16, "mac"))  # the right name, not the run's secret
+    unnamed = Channel.connect(listener.address, hello(listener.secret, "desk2"), timeout_s=1)
+    mac = Channel.connect(listener.address, hello(listener.secret, "mac"), timeout_s=1)
+    try:
+        accepted = listener.accept(["mac"])
+        assert list(accepted) == ["mac"]
+        assert stranger.recv(1) == b""  # closed on it
+        accepted["mac"].close()
+    finally:
+        for end in (stranger, unnamed, mac, listener):
+            end.close()
+
+
+def test_an_unreachable_server_is_none_not_an_error():
+    listener = Listener("127.0.0.1", 0, timeout_s=1)
+    address = listener.address
+    listener.close()
+    assert Channel.connect(address, b"", timeout_s=1) is None
