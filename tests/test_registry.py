@@ -25,6 +25,7 @@ from hetbench.strategies.ray_ps import RayParameterServer
 class ObjectStoreOnly(RayParameterServer):
     name = "ray-ps-object-store"
     uses_host_memory = False
+    options = {"transport": ("object-store", "not ray-ps's direct connections either")}
 """
 
 

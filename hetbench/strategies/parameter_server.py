@@ -69,7 +69,7 @@ class ParameterServerDriver(Strategy, HandsOff):
             info["transport"] = "shared memory" if rank in mapped else "direct tcp" if rank in direct else self.by_value
 
     def _connect_direct(self, ranks: list[int]) -> set[int]:
-        """The ranks (of `ranks`, the workers off the server's machine) given a channel of their own to
+        """The ranks (of `ranks`, the workers not in shared memory) given a channel of their own to
         the server; a strategy with one sets it up here. The others go through `by_value`."""
         return set()
 
