@@ -104,6 +104,16 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
     assert whatif([SINGLE, ALLREDUCE]) == ""  # no floor: nothing to predict from
 
 
+def test_what_if_predicts_each_row_at_its_own_split():
+    from hetbench.results.whatif import predicted
+
+    floor = {**FLOOR, "bytes": 4_800_000, "link": None}
+    equal = row("dask-sync", 1500.0, {"total_s": 0.17, "sync_overhead_s": 0.012, "wait_s": 0.002}, balance="equal")
+    equal["workers"] = [{**w, "batch": 128} for w in equal["workers"]]
+    # 128 samples on the mac at 1,000 samples/s: 128 ms, not the 64 ms of a split by speed; + 10 ms floor
+    assert predicted(equal, floor, 256, None) == 256 / (0.128 + 0.010)
+
+
 def test_what_if_is_checked_against_a_run_over_an_emulated_link():
     from hetbench.results.whatif import against
 

@@ -38,16 +38,20 @@ def floor_on(floor: dict, rate: float) -> float:
 
 
 def predicted(record: dict, floor: dict, batch: int, rate: float | None) -> float | None:
-    """Samples/s at `batch` over `rate` (None: this run's own link): the batch split by speed, the
-    strategy's transfers at the floor's time on that link, and its own overhead beyond the floor
-    (and beyond waiting for the slow worker) as measured in this run."""
-    speeds = [w.get("standalone_samples_per_s") for w in record.get("workers", [])]
+    """Samples/s at `batch` over `rate` (None: this run's own link): the batch split as the row split
+    it (the slowest share sets the compute), the strategy's transfers at the floor's time on that
+    link, and its own overhead beyond the floor (and beyond waiting for the slow worker) as measured
+    in this run."""
+    workers = record.get("workers", [])
+    speeds = [w.get("standalone_samples_per_s") for w in workers]
+    shares = [w.get("batch") for w in workers]
     step, transfers = record.get("step") or {}, record.get("floor_transfers")
-    if not speeds or not all(speeds) or not transfers or step.get("sync_overhead_s") is None:
+    if not speeds or not all(speeds) or not all(shares) or not transfers or step.get("sync_overhead_s") is None:
         return None
+    compute = max(batch * share / sum(shares) / speed for share, speed in zip(shares, speeds))
     own = max(step["sync_overhead_s"] - step.get("wait_s", 0.0) - transfers * floor["allreduce_s"], 0.0)
     allreduce = floor["allreduce_s"] if rate is None else floor_on(floor, rate)
-    return batch / (batch / sum(speeds) + transfers * allreduce + own)
+    return batch / (compute + transfers * allreduce + own)
 
 
 def model_error(records: list[dict], floor: dict) -> str:
@@ -89,8 +93,9 @@ def whatif(records: list[dict]) -> str:
         return ""
     table = tabulate(body, headers=["predicted samples/s", "batch", *LINKS], tablefmt="github", disable_numparse=True)
     return (
-        "What if (predictions from this run's measurements, not measured): the batch split by the workers' "
-        "speeds alone, each strategy's transfers of the model at the floor's all-reduce time on that link "
+        "What if (predictions from this run's measurements, not measured): the batch split as each row "
+        "split it, at the workers' speeds alone, each strategy's transfers of the model at the floor's "
+        "all-reduce time on that link "
         f"(its fixed part plus the {floor['bytes'] / 1e6:.1f} MB at the link's rate), and its own overhead "
         "beyond the floor as measured here. The single row stays as measured (per-sample cost taken as "
         f"constant). {model_error(rows, floor)}\n\n" + table
