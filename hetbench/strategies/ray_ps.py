@@ -120,10 +120,11 @@ class RayParameterServer(ParameterServerDriver):
     replica, server = RayReplica, RayServer
     by_value = "object store"
     options = {"transport": ("direct", "workers on other nodes: direct (a TCP connection each) or object-store")}
+    direct_channels = True  # the `transport` option above: False where a subclass has no such option
 
     @classmethod
     def check_options(cls, options: dict) -> None:
-        if options["transport"] not in TRANSPORTS:
+        if cls.direct_channels and options["transport"] not in TRANSPORTS:
             raise UserError(f"config key '{cls.name}.transport' must be one of {', '.join(TRANSPORTS)}")
 
     def _lose(self, ranks: list[int], step: int) -> None:
@@ -133,7 +134,7 @@ class RayParameterServer(ParameterServerDriver):
         super()._lose(ranks, step)
 
     def _connect_direct(self, ranks: list[int]) -> set[int]:
-        if not ranks or self.cfg[self.name].get("transport", "object-store") != "direct":
+        if not ranks or not self.direct_channels or self.cfg[self.name]["transport"] != "direct":
             return set()
         # a joined cluster's server listens on a port its firewall can open (README: Ports)
         port = DIRECT_PORT if self.cfg["cluster"]["ray_address"] else 0

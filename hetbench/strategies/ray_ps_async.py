@@ -27,11 +27,8 @@ class RayParameterServerAsync(RayParameterServer):
     uses_host_memory = False  # the server writes while other workers read: each needs its own copy
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
     resumable = False  # gradients in flight at a checkpoint would be lost: not built yet
-
-    @classmethod
-    def check_options(cls, options: dict) -> None:
-        """No `transport` to choose: the object store, where a worker pulls only the version it starts
-        from (ray-ps's channels push every version to every worker)."""
+    # the object store only: a worker pulls just the version it starts from (channels push every version)
+    direct_channels = False
 
     def reset(self, seed: int) -> None:
         self._drain()
