@@ -42,6 +42,14 @@ def cmd_report(args) -> int:
     files = args.files or sorted(str(p) for p in Path(args.results_dir, "raw").glob("*.json"))[-1:]
     if not files:
         raise UserError(f"no record files given and none under {args.results_dir}/raw")
+    if args.links:
+        from hetbench.results.links import by_link, links_markdown, write_links
+
+        runs = by_link([read_records([f]) for f in files])
+        print(links_markdown(runs))
+        if args.name:
+            print(f"\ntables: {write_links(runs, args.results_dir, args.name)}", file=sys.stderr)
+        return 0
     records = read_records(files)
     if args.against:
         from hetbench.results.whatif import against
@@ -117,6 +125,9 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="*", help="record JSON files (default: the newest under RESULTS_DIR/raw)")
     report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")
     report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
+    report.add_argument(
+        "--links", action="store_true", help="each file one run over its own link: the runs side by side"
+    )
     report.add_argument("--wide", action="store_true", help="print every column (the CSV's), not the 10 that answer")
     report.add_argument(
         "--against",

@@ -50,13 +50,13 @@ def write_plots(records: list[dict], results_dir: str, name: str) -> list[Path]:
         draw(ax, trained, records)
         ax.set_title(ax.get_title() + (f"\n{note.strip()}" if note else ""), fontsize=10)
         path = Path(results_dir) / f"{name}-{suffix}.png"
-        atomic_write_bytes(path, _png(fig))
+        atomic_write_bytes(path, png(fig))
         plt.close(fig)
         paths.append(path)
     return paths
 
 
-def _png(fig) -> bytes:
+def png(fig) -> bytes:
     import io
 
     out = io.BytesIO()

@@ -13,7 +13,7 @@ from hetbench.strategies.registry import BASELINE
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
 
 
-def _rate(text: str | None) -> float | None:
+def bits_per_s(text: str | None) -> float | None:
     """tc's rate ('100mbit', '1gbit', '500kbit') in bits per second."""
     if not text:
         return None
@@ -24,14 +24,14 @@ def _rate(text: str | None) -> float | None:
 
 
 LINKS = {  # column -> bits per second: the link profiles a run can emulate
-    name if name == rate else f"{name} ({rate})": _rate(rate) for name, rate in LINK_PROFILES.items()
+    name if name == rate else f"{name} ({rate})": bits_per_s(rate) for name, rate in LINK_PROFILES.items()
 }
 
 
 def floor_on(floor: dict, rate: float) -> float:
     """The floor's all-reduce on a link of `rate`: its fixed part (the measured time less the
     measured link's transfer, when the link was emulated) plus the model's bytes at that rate."""
-    measured_rate = _rate((floor.get("link") or {}).get("rate"))
+    measured_rate = bits_per_s((floor.get("link") or {}).get("rate"))
     wire = floor["bytes"] * 8
     fixed = max(floor["allreduce_s"] - wire / measured_rate, 0.0) if measured_rate else floor["allreduce_s"]
     return fixed + wire / rate
@@ -108,7 +108,7 @@ def against(base: list[dict], linked: list[dict]) -> str:
     `linked` measured, with the error. "" when either lacks what that needs."""
     floor = _floor(base)
     linked_floor = _floor(linked)
-    rate = _rate(((linked_floor or {}).get("link") or {}).get("rate"))
+    rate = bits_per_s(((linked_floor or {}).get("link") or {}).get("rate"))
     if not floor or not rate:
         return ""
     body = []

@@ -1,0 +1,197 @@
+"""Across links: one run per link (e.g. hetero-links.yaml with --set link.profile=...) side by side,
+so a user reads on which link adding the other machine starts to pay; and, where two runs share a
+link, what the wire precision changes. Every figure is a run's own, beside that run's baseline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tabulate import tabulate
+
+from hetbench.errors import UserError
+from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.results.plots import label, png
+from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner
+from hetbench.results.report import ordered
+from hetbench.results.verdict import verdict
+from hetbench.results.whatif import bits_per_s
+from hetbench.strategies.registry import BASELINE
+
+
+def _floor(run: list[dict]) -> dict | None:
+    return next((r for r in run if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
+
+
+def _base(run: list[dict]) -> dict | None:
+    return next((r for r in run if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
+
+
+def _wire(run: list[dict]) -> str:
+    return next(((r.get("config") or {}).get("wire_dtype", "float32") for r in run), "float32")
+
+
+def link_rate(run: list[dict]) -> str | None:
+    """The run's emulated link (tc's rate, e.g. 100mbit), from its floor or its config."""
+    floor = _floor(run) or {}
+    config = next((r.get("config") or {} for r in run), {})
+    return (floor.get("link") or {}).get("rate") or (config.get("link") or {}).get("rate")
+
+
+def column(run: list[dict]) -> str:
+    wire = _wire(run)
+    return f"{link_rate(run)}" + ("" if wire == "float32" else f", {wire} wire")
+
+
+def by_link(runs: list[list[dict]]) -> list[list[dict]]:
+    """Fastest link first; a run needs an emulated link and a baseline to take part."""
+    for run in runs:
+        if not link_rate(run) or not _base(run):
+            raise UserError("--links needs, in each file, a run over an emulated link with a single row")
+    return sorted(runs, key=lambda run: (-bits_per_s(link_rate(run)), _wire(run) != "float32"))
+
+
+def _cell(record: dict | None, base: dict) -> str:
+    if record is None:
+        return "-"
+    if record["strategy"] == FLOOR:
+        return f"{record['allreduce_s'] * 1000:,.0f} ms all-reduce"
+    if record["strategy"] == BASELINE or not record.get("samples_per_s"):
+        return f"{record['samples_per_s']:,.0f}" if record.get("samples_per_s") else record.get("status", "-")
+    ratio = record["samples_per_s"] / base["samples_per_s"]
+    pays = ratio > 1 + max(base.get("samples_per_s_cv") or 0, record.get("samples_per_s_cv") or 0)
+    return f"{record['samples_per_s']:,.0f} ({ratio:.2f}x)" + (" **pays**" if pays else "")
+
+
+def _labels(runs: list[list[dict]]) -> list[str]:
+    return list(dict.fromkeys(label(r) for run in runs for r in ordered(run)))
+
+
+def crossover(runs: list[list[dict]]) -> str:
+    """samples/s of every row on every link, with its ratio to that run's best machine alone."""
+    body = []
+    for name in _labels(runs):
+        body.append([name, *[_cell(next((r for r in run if label(r) == name), None), _base(run)) for run in runs]])
+    return tabulate(body, headers=["samples/s (vs alone)", *map(column, runs)], tablefmt="github")
+
+
+def to_target(runs: list[list[dict]]) -> str:
+    """Seconds of training to the target accuracy (the first repeat's clock), and the final accuracy."""
+
+    def cell(record: dict | None) -> str:
+        if record is None or record["strategy"] == FLOOR or record.get("final_accuracy") is None:
+            return "-"
+        seconds = record.get("time_to_target_s")
+        return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({record['final_accuracy']:.1%})"
+
+    names = [n for n in _labels(runs) if n != FLOOR]
+    body = [[n, *[cell(next((r for r in run if label(r) == n), None)) for run in runs]] for n in names]
+    return tabulate(body, headers=["time to target (final acc)", *map(column, runs)], tablefmt="github")
+
+
+def wire(runs: list[list[dict]]) -> str:
+    """Two runs on one link that differ in wire precision: each row's comm per step and bytes each way."""
+    pairs = [
+        (a, b)
+        for a in runs
+        for b in runs
+        if link_rate(a) == link_rate(b) and _wire(a) == "float32" and _wire(b) != "float32"
+    ]
+    out = []
+    for full, narrow in pairs:
+        body = []
+        for r in full:
+            other = next((x for x in narrow if label(x) == label(r)), None)
+            if r["strategy"] in (BASELINE, FLOOR) or not other or not (r.get("step") or {}).get("comm_s"):
+                continue
+            comm, comm2 = r["step"]["comm_s"], (other.get("step") or {}).get("comm_s") or 0.0
+            body.append(
+                [
+                    label(r),
+                    f"{comm * 1000:,.0f} -> {comm2 * 1000:,.0f}",
+                    f"{comm / comm2:.2f}x" if comm2 else "-",
+                    f"{_mb(r)} -> {_mb(other)}",
+                    f"{r['samples_per_s']:,.0f} -> {other.get('samples_per_s') or 0:,.0f}",
+                    f"{_acc(r)} -> {_acc(other)}",
+                ]
+            )
+        if body:
+            headers = ["row", "comm ms a step", "comm lower by", "MB a step, most-loaded worker", "samples/s", "acc"]
+            out.append(
+                f"Wire precision on the {link_rate(full)} link, float32 -> {_wire(narrow)}:\n\n"
+                + tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+            )
+    return "\n\n".join(out)
+
+
+def _mb(record: dict) -> str:
+    sent = [w.get("wire_bytes_per_step") for w in record.get("workers", []) if w.get("wire_bytes_per_step")]
+    return f"{max(sent) / 1e6:.1f}" if sent else "-"
+
+
+def _acc(record: dict) -> str:
+    return f"{record['final_accuracy']:.1%}" if record.get("final_accuracy") is not None else "-"
+
+
+def plot(runs: list[list[dict]]) -> bytes:
+    """samples/s against the link rate, one line per row (float32 wire), the best machine alone in grey."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    full = [run for run in runs if _wire(run) == "float32"]
+    fig, ax = plt.subplots(figsize=(9, 4.8), layout="constrained")
+    for name in _labels(full):
+        points = [
+            (bits_per_s(link_rate(run)) / 1e6, r["samples_per_s"])
+            for run in full
+            for r in run
+            if label(r) == name and r.get("samples_per_s")
+        ]
+        if points:
+            xs, ys = zip(*sorted(points))
+            style = {"color": "0.4", "linestyle": "--"} if name == BASELINE else {}
+            ax.plot(xs, ys, marker="o", label=name, **style)
+    ax.set_xscale("log")
+    ax.set_xlabel("link rate, Mbit/s (emulated, both ways; log scale)")
+    ax.set_ylabel("training throughput, samples/s")
+    ax.set_title("Does adding the other machine pay? samples/s per link (grey dashed: the best machine alone)")
+    ax.legend(fontsize=8)
+    data = png(fig)
+    plt.close(fig)
+    return data
+
+
+def links_markdown(runs: list[list[dict]]) -> str:
+    verdicts = "\n".join(f"- **{column(run)}**: {verdict(run)[0]}" for run in runs if verdict(run))
+    wires = wire(runs)
+    return "\n\n".join(
+        part
+        for part in (
+            "Each link's own verdict (the rows and reasons are in that run's table):\n\n" + verdicts,
+            crossover(runs),
+            to_target(runs),
+            wires,
+        )
+        if part
+    )
+
+
+def write_links(runs: list[list[dict]], results_dir: str, name: str) -> Path:
+    """results/<name>.md and <name>-crossover.png, each run's own tables linked where they exist."""
+    md = Path(results_dir) / f"{name}.md"
+    try:
+        atomic_write_bytes(Path(results_dir) / f"{name}-crossover.png", plot(runs))
+        tables = [
+            f"[{column(run)}]({own}.md)"
+            for run in runs
+            if (own := next((r.get("config") or {} for r in run), {}).get("name"))
+            and (Path(results_dir) / f"{own}.md").exists()
+        ]
+        linked = f"\n\nEach run's full table, verdict and what-if: {', '.join(tables)}." if tables else ""
+        picture = f"![crossover]({name}-crossover.png)"
+        atomic_write(md, f"# hetbench: {name}\n\n{links_markdown(runs)}{linked}\n\n{picture}\n")
+        hand_to_owner(results_dir)
+    except OSError as e:
+        raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
+    return md
