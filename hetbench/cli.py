@@ -125,11 +125,12 @@ def parser() -> argparse.ArgumentParser:
     report.add_argument("files", nargs="*", help="record JSON files (default: the newest under RESULTS_DIR/raw)")
     report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")
     report.add_argument("--name", default=None, help="also write RESULTS_DIR/NAME.md and .csv")
-    report.add_argument(
-        "--links", action="store_true", help="each file one run over its own link: the runs side by side"
+    view = report.add_mutually_exclusive_group()
+    view.add_argument(
+        "--links", action="store_true", help="each file one run over its own link: the runs side by side (NAME.md)"
     )
-    report.add_argument("--wide", action="store_true", help="print every column (the CSV's), not the 10 that answer")
-    report.add_argument(
+    view.add_argument("--wide", action="store_true", help="print every column (the CSV's), not the 10 that answer")
+    view.add_argument(
         "--against",
         nargs="+",
         default=None,

@@ -80,6 +80,8 @@ def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_
     assert_one_line_error(
         hetbench("report", "--links", str(tmp_path / "unlinked.json"), str(files[0])), "over an emulated link"
     )
+    both = hetbench("report", "--links", "--wide", str(files[0]))
+    assert both.returncode == 2 and "not allowed with argument --links" in both.stderr
     assert by_link([run("1gbit", 3500.0, 0.01)])[0][0]["strategy"] == "single"
     write_links(by_link([run("10gbit", 3600.0, 0.004)]), str(tmp_path), "one")
     assert "10gbit" in (tmp_path / "one.md").read_text()
