@@ -39,7 +39,7 @@ def link_rate(run: list[dict]) -> str | None:
 
 def column(run: list[dict]) -> str:
     wire = _wire(run)
-    return f"{link_rate(run)}" + ("" if wire == "float32" else f", {wire} wire")
+    return link_rate(run) + ("" if wire == "float32" else f", {wire} wire")
 
 
 def by_link(runs: list[list[dict]]) -> list[list[dict]]:
