@@ -99,7 +99,7 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
         "962 (0.32x)",
         "559 (0.19x)",
     ]
-    assert "ray-train-gloo -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
+    assert "ray-train-gloo [auto] -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
     assert text.startswith("What if (predictions from this run's measurements, not measured)")
     assert whatif([SINGLE, ALLREDUCE]) == ""  # no floor: nothing to predict from
 

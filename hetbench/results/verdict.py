@@ -4,6 +4,7 @@ best, and why each other row loses; derived from a run's records, never written 
 from __future__ import annotations
 
 from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.results.plots import label
 from hetbench.strategies.registry import BASELINE
 
 
@@ -19,7 +20,7 @@ def verdict(records: list[dict]) -> list[str]:
     noise = max(base.get("samples_per_s_cv") or 0.0, best.get("samples_per_s_cv") or 0.0)
     if best["samples_per_s"] > base["samples_per_s"] * (1 + noise):
         lines = [
-            f"Verdict: use {_label(best)} on {_machines(best)}: {best['samples_per_s']:,.0f} samples/s, "
+            f"Verdict: use {label(best)} on {_machines(best)}: {best['samples_per_s']:,.0f} samples/s, "
             f"{best['samples_per_s'] / base['samples_per_s']:.2f}x {alone} alone ({base['samples_per_s']:,.0f})"
             f"{_to_target(best, base, alone)}."
         ]
@@ -28,12 +29,12 @@ def verdict(records: list[dict]) -> list[str]:
         spread = f", within the runs' spread of {noise:.0%}" if ratio > 1 else ""
         lines = [
             f"Verdict: keep to {alone} alone ({base['samples_per_s']:,.0f} samples/s): no strategy beats it "
-            f"here (best: {_label(best)}, {ratio:.2f}x{spread})."
+            f"here (best: {label(best)}, {ratio:.2f}x{spread})."
         ]
         if change := what_would_change_it(best, base, floor):
             lines.append(f"  What would change it: {change}.")
     lines += [
-        f"  {_label(r)}: {r['samples_per_s'] / base['samples_per_s']:.2f}x, {why_it_loses(r, floor)}"
+        f"  {label(r)}: {r['samples_per_s'] / base['samples_per_s']:.2f}x, {why_it_loses(r, floor)}"
         for r in rows
         if r is not best
     ]
@@ -88,10 +89,6 @@ def what_would_change_it(best: dict, base: dict, floor: dict | None) -> str | No
 
 def _ok(records: list[dict], name: str) -> dict | None:
     return next((r for r in records if r["strategy"] == name and r.get("samples_per_s")), None)
-
-
-def _label(record: dict) -> str:
-    return record["strategy"] + (f" [{record['balance']}]" if record.get("balance") else "")
 
 
 def _machines(record: dict) -> str:

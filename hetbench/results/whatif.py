@@ -8,6 +8,7 @@ from tabulate import tabulate
 
 from hetbench.config import LINK_PROFILES
 from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.results.plots import label
 from hetbench.strategies.registry import BASELINE
 
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
@@ -62,7 +63,7 @@ def model_error(records: list[dict], floor: dict) -> str:
         batch = (r.get("config") or {}).get("batch_size")
         guess = predicted(r, floor, batch, None) if batch and r.get("samples_per_s") else None
         if guess:
-            checks.append(f"{r['strategy']} {_error(guess, r['samples_per_s'])}")
+            checks.append(f"{label(r)} {_error(guess, r['samples_per_s'])}")
     return (
         f"The model on this run's own link and batch, predicted against measured: {', '.join(checks)}."
         if checks
@@ -87,8 +88,7 @@ def whatif(records: list[dict]) -> str:
             cells = [predicted(r, floor, batch, rate) for rate in LINKS.values()]
             if any(c is None for c in cells):
                 continue
-            label = r["strategy"] + (f" [{r['balance']}]" if r.get("balance") else "")
-            body.append([label, batch, *[f"{c:,.0f} ({c / base['samples_per_s']:.2f}x)" for c in cells]])
+            body.append([label(r), batch, *[f"{c:,.0f} ({c / base['samples_per_s']:.2f}x)" for c in cells]])
     if len(body) == len(BATCH_FACTORS):
         return ""
     table = tabulate(body, headers=["predicted samples/s", "batch", *LINKS], tablefmt="github", disable_numparse=True)
