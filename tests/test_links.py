@@ -8,7 +8,13 @@ from hetbench.results.links import by_link, links_markdown, write_links
 
 
 def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None):
-    config = {"name": name or f"links-{rate}", "wire_dtype": wire, "link": {"rate": rate}, "batch_size": 256}
+    config = {
+        "name": name or f"links-{rate}",
+        "wire_dtype": wire,
+        "link": {"rate": rate},
+        "batch_size": 256,
+        "repeats": 3,
+    }
     workers = [
         {"name": "desk", "device": "cpu", "batch": 192, "standalone_samples_per_s": 3000.0},
         {"name": "mac", "device": "cpu", "batch": 64, "standalone_samples_per_s": 1000.0},
@@ -59,6 +65,7 @@ def test_runs_side_by_side_fastest_link_first_with_the_rows_that_pay_marked():
     wire = next(line for line in text.splitlines() if line.startswith("| ray-train-gloo [auto] | 450 -> 250"))
     assert [c.strip() for c in wire.split("|")[3:5]] == ["1.80x", "9.6 -> 4.8"]
     assert "not reached (94.0%)" in text and "40 s (95.0%)" in text
+    assert text.startswith("Each column is one run of desk + mac, global batch 256, 3 repeats")
 
 
 def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_link(tmp_path):

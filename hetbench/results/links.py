@@ -133,33 +133,57 @@ def _acc(record: dict) -> str:
 
 
 def plot(runs: list[list[dict]]) -> bytes:
-    """samples/s against the link rate, one line per row (float32 wire), the best machine alone in grey."""
+    """Each row's samples/s over its own run's best machine alone, against the link rate: lines for
+    float32 wire, crosses for other wire precisions; the best machine alone is the line at 1."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    full = [run for run in runs if _wire(run) == "float32"]
     fig, ax = plt.subplots(figsize=(9, 4.8), layout="constrained")
-    for name in _labels(full):
-        points = [
-            (bits_per_s(link_rate(run)) / 1e6, r["samples_per_s"])
-            for run in full
-            for r in run
-            if label(r) == name and r.get("samples_per_s")
-        ]
-        if points:
+    ax.axhline(1.0, color="0.4", linestyle="--", label="the best machine alone (each run's own)")
+    for name in [n for n in _labels(runs) if n not in (BASELINE, FLOOR)]:
+        color = None
+        for full in (True, False):
+            points = [
+                (bits_per_s(link_rate(run)) / 1e6, r["samples_per_s"] / _base(run)["samples_per_s"])
+                for run in runs
+                if (_wire(run) == "float32") == full
+                for r in run
+                if label(r) == name and r.get("samples_per_s")
+            ]
+            if not points:
+                continue
             xs, ys = zip(*sorted(points))
-            style = {"color": "0.4", "linestyle": "--"} if name == BASELINE else {}
-            ax.plot(xs, ys, marker="o", label=name, **style)
+            if full:
+                color = ax.plot(xs, ys, marker="o", label=name)[0].get_color()
+            else:
+                wires = sorted({_wire(run) for run in runs} - {"float32"})
+                ax.scatter(xs, ys, marker="x", s=60, color=color, label=f"{name}, {'/'.join(wires)} wire")
     ax.set_xscale("log")
     ax.set_xlabel("link rate, Mbit/s (emulated, both ways; log scale)")
-    ax.set_ylabel("training throughput, samples/s")
-    ax.set_title("Does adding the other machine pay? samples/s per link (grey dashed: the best machine alone)")
-    ax.legend(fontsize=8)
+    ax.set_ylabel("samples/s over the best machine alone")
+    ax.set_title("Does adding the other machine pay? Above 1 it does (same run's baseline)")
+    ax.legend(fontsize=7)
     data = png(fig)
     plt.close(fig)
     return data
+
+
+def what_ran(runs: list[list[dict]]) -> str:
+    """One sentence from the records: the machines, the batch and the repeats every column shares."""
+    row = next((r for run in runs for r in run if r["strategy"] not in (BASELINE, FLOOR) and r.get("workers")), None)
+    if row is None:
+        return ""
+    config = row.get("config") or {}
+    machines = " + ".join(
+        w["name"] + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1 else "") for w in row["workers"]
+    )
+    return (
+        f"Each column is one run of {machines}, global batch {config.get('batch_size')}, "
+        f"{config.get('repeats')} repeats, over an emulated link (rate only). Ratios are to that run's "
+        "own best machine alone, measured in the same run: the host's speed drifts between runs."
+    )
 
 
 def links_markdown(runs: list[list[dict]]) -> str:
@@ -168,6 +192,7 @@ def links_markdown(runs: list[list[dict]]) -> str:
     return "\n\n".join(
         part
         for part in (
+            what_ran(runs),
             "Each link's own verdict (the rows and reasons are in that run's table):\n\n" + verdicts,
             crossover(runs),
             to_target(runs),
