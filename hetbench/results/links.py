@@ -13,17 +13,18 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label, png
 from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner
 from hetbench.results.report import ordered
-from hetbench.results.verdict import verdict
-from hetbench.results.whatif import bits_per_s
+from hetbench.results.verdict import measured, verdict
+from hetbench.results.whatif import bits_per_s, floor_record
 from hetbench.strategies.registry import BASELINE
 
 
-def _floor(run: list[dict]) -> dict | None:
-    return next((r for r in run if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
-
-
 def _base(run: list[dict]) -> dict | None:
-    return next((r for r in run if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
+    return measured(run, BASELINE)
+
+
+def _row(run: list[dict], name: str) -> dict | None:
+    """The run's row that the tables call `name` (plots.label), if it has one."""
+    return next((r for r in run if label(r) == name), None)
 
 
 def _wire(run: list[dict]) -> str:
@@ -32,7 +33,7 @@ def _wire(run: list[dict]) -> str:
 
 def link_rate(run: list[dict]) -> str | None:
     """The run's emulated link (tc's rate, e.g. 100mbit), from its floor or its config."""
-    floor = _floor(run) or {}
+    floor = floor_record(run) or {}
     config = next((r.get("config") or {} for r in run), {})
     return (floor.get("link") or {}).get("rate") or (config.get("link") or {}).get("rate")
 
@@ -55,8 +56,10 @@ def _cell(record: dict | None, base: dict) -> str:
         return "-"
     if record["strategy"] == FLOOR:
         return f"{record['allreduce_s'] * 1000:,.0f} ms all-reduce"
-    if record["strategy"] == BASELINE or not record.get("samples_per_s"):
-        return f"{record['samples_per_s']:,.0f}" if record.get("samples_per_s") else record.get("status", "-")
+    if not record.get("samples_per_s"):  # failed or skipped
+        return record.get("status", "-")
+    if record["strategy"] == BASELINE:
+        return f"{record['samples_per_s']:,.0f}"
     ratio = record["samples_per_s"] / base["samples_per_s"]
     pays = ratio > 1 + max(base.get("samples_per_s_cv") or 0, record.get("samples_per_s_cv") or 0)
     return f"{record['samples_per_s']:,.0f} ({ratio:.2f}x)" + (" **pays**" if pays else "")
@@ -70,7 +73,7 @@ def crossover(runs: list[list[dict]]) -> str:
     """samples/s of every row on every link, with its ratio to that run's best machine alone."""
     body = []
     for name in _labels(runs):
-        body.append([name, *[_cell(next((r for r in run if label(r) == name), None), _base(run)) for run in runs]])
+        body.append([name, *[_cell(_row(run, name), _base(run)) for run in runs]])
     return tabulate(body, headers=["samples/s (vs alone)", *map(column, runs)], tablefmt="github")
 
 
@@ -84,7 +87,7 @@ def to_target(runs: list[list[dict]]) -> str:
         return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({record['final_accuracy']:.1%})"
 
     names = [n for n in _labels(runs) if n != FLOOR]
-    body = [[n, *[cell(next((r for r in run if label(r) == n), None)) for run in runs]] for n in names]
+    body = [[n, *[cell(_row(run, n)) for run in runs]] for n in names]
     return tabulate(body, headers=["time to target (final acc)", *map(column, runs)], tablefmt="github")
 
 
@@ -100,7 +103,7 @@ def wire(runs: list[list[dict]]) -> str:
     for full, narrow in pairs:
         body = []
         for r in full:
-            other = next((x for x in narrow if label(x) == label(r)), None)
+            other = _row(narrow, label(r))
             if r["strategy"] in (BASELINE, FLOOR) or not other or not (r.get("step") or {}).get("comm_s"):
                 continue
             comm, comm2 = r["step"]["comm_s"], (other.get("step") or {}).get("comm_s") or 0.0
@@ -145,12 +148,11 @@ def plot(runs: list[list[dict]]) -> bytes:
     for name in [n for n in _labels(runs) if n not in (BASELINE, FLOOR)]:
         color = None
         for full in (True, False):
+            rows = [(run, _row(run, name)) for run in runs if (_wire(run) == "float32") == full]
             points = [
                 (bits_per_s(link_rate(run)) / 1e6, r["samples_per_s"] / _base(run)["samples_per_s"])
-                for run in runs
-                if (_wire(run) == "float32") == full
-                for r in run
-                if label(r) == name and r.get("samples_per_s")
+                for run, r in rows
+                if r and r.get("samples_per_s")
             ]
             if not points:
                 continue

@@ -10,7 +10,7 @@ from hetbench.strategies.registry import BASELINE
 
 def verdict(records: list[dict]) -> list[str]:
     """The verdict's lines: the answer, then one line per other row."""
-    base = _ok(records, BASELINE)
+    base = measured(records, BASELINE)
     rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
     if not base or not rows:
         return []
@@ -87,7 +87,8 @@ def what_would_change_it(best: dict, base: dict, floor: dict | None) -> str | No
     )
 
 
-def _ok(records: list[dict], name: str) -> dict | None:
+def measured(records: list[dict], name: str) -> dict | None:
+    """The row of strategy `name` that measured a throughput, if the run has one."""
     return next((r for r in records if r["strategy"] == name and r.get("samples_per_s")), None)
 
 

@@ -74,7 +74,7 @@ def model_error(records: list[dict], floor: dict) -> str:
 def whatif(records: list[dict]) -> str:
     """The what-if table (Markdown), or "" when the run lacks what it needs (the floor's bytes,
     the workers' speeds alone, a baseline)."""
-    floor = _floor(records)
+    floor = floor_record(records)
     base = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
     rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
     if not floor or not base or not rows:
@@ -106,8 +106,8 @@ def against(base: list[dict], linked: list[dict]) -> str:
     """The model validated: `base` (a run on its own link) predicts every synchronous row of
     `linked` (the same machines over an emulated link, its floor naming the rate), beside what
     `linked` measured, with the error. "" when either lacks what that needs."""
-    floor = _floor(base)
-    linked_floor = _floor(linked)
+    floor = floor_record(base)
+    linked_floor = floor_record(linked)
     rate = bits_per_s(((linked_floor or {}).get("link") or {}).get("rate"))
     if not floor or not rate:
         return ""
@@ -147,7 +147,8 @@ def against(base: list[dict], linked: list[dict]) -> str:
     )
 
 
-def _floor(records: list[dict]) -> dict | None:
+def floor_record(records: list[dict]) -> dict | None:
+    """The run's measured floor, if it has one."""
     return next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s") and r.get("bytes")), None)
 
 
