@@ -14,6 +14,7 @@ from hetbench.balance import balanced, resplit_due
 from hetbench.clock import cv, median, now
 from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
+from hetbench.cluster.placed import place
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import repeat_steps
@@ -29,6 +30,7 @@ from hetbench.standalone import measure_standalone, speeds
 from hetbench.strategies import registry
 from hetbench.strategies.base import StepTiming, Strategy
 from hetbench.strategies.registry import BASELINE
+from hetbench.strategies.roles import ParameterServer, Replica
 from hetbench.workload import Net, accuracy
 
 log = logging.getLogger(__name__)
@@ -351,12 +353,15 @@ def wants_standalone(cfg: dict) -> bool:
 
 
 def open_ray(cfg: dict) -> float | None:
-    """Ray started (or joined) once, before any row, for the whole run (ray_kept_for_the_run): no
-    row's startup pays for it. Its seconds; None where no row uses Ray."""
+    """Ray started (or joined) once, before any row, for the whole run (ray_kept_for_the_run), with a
+    process per worker and one for a coordinator, torch imported and data loaded, that the rows hand
+    on to each other (cluster/ray_hosts.py): no row's startup pays for either. Its seconds; None
+    where no row uses Ray."""
     if not (cfg["floor"]["enabled"] or wants_standalone(cfg) or any(via(n) == "ray" for n in cfg["strategies"])):
         return None
     started = now()
     connect(cfg)
+    place(cfg, Replica, "starting the run's processes", coordinator=ParameterServer).close()
     return now() - started
 
 

@@ -58,7 +58,7 @@ def test_repeats_give_median_and_spread(tmp_path):
     assert record["samples_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))
 
 
-def test_one_ray_serves_the_whole_run_and_each_row_stops_its_own_actors(tmp_path, monkeypatch):
+def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypatch):
     import ray
 
     opened, alive_at_row_start = [], []
@@ -67,7 +67,7 @@ def test_one_ray_serves_the_whole_run_and_each_row_stops_its_own_actors(tmp_path
     run_row = runner.run_strategy
 
     def counting_actors(*args, **kwargs):
-        alive_at_row_start.append(len(ray._private.state.actors(actor_state_name="ALIVE")))
+        alive_at_row_start.append(set(ray._private.state.actors(actor_state_name="ALIVE")))
         return run_row(*args, **kwargs)
 
     monkeypatch.setattr(runner, "run_strategy", counting_actors)
@@ -84,7 +84,10 @@ def test_one_ray_serves_the_whole_run_and_each_row_stops_its_own_actors(tmp_path
     records = json.loads(run(cfg).path.read_text())
     assert [r["status"] for r in records] == ["ok"] * 4
     assert len(opened) == 1  # not one per row (4 with the floor) or repeat, nor for the standalone timings
-    assert alive_at_row_start == [0, 0, 0]  # the timings' and the rows' before: stopped
+    # every row starts with the run's processes alone: a worker each and a coordinator, none left by the last row
+    assert len(alive_at_row_start[0]) == 3 and alive_at_row_start == [alive_at_row_start[0]] * 3
+    single, ray_ps = records[0]["workers"], {w["name"]: w["pid"] for w in records[1]["workers"]}
+    assert single[0]["pid"] == ray_ps[single[0]["name"]]  # the same process, a fresh role in it
     assert records[0]["ray_startup_s"] > 0 and not ray.is_initialized()
 
 

@@ -76,7 +76,10 @@ class RayConnection:
     def __init__(self, cfg: dict, labels: set[str]) -> None:
         import ray
 
+        from hetbench.cluster.ray_hosts import HostPool
+
         self.ray = ray
+        self.hosts = HostPool()  # the worker processes rows hand on to each other (kept connections)
         self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
         os.environ.update(RAY_ENV)
         cluster = cfg["cluster"]
@@ -155,6 +158,7 @@ class RayConnection:
     def close(self) -> None:
         self.closed = True
         if self.ray.is_initialized():
+            self.hosts.close()
             self.ray.shutdown()
         self._keep_sigterm()
         if getattr(self, "temp_dir", None):

@@ -1,4 +1,5 @@
-"""The cluster seam on Ray: one actor per worker, pinned to the node advertising its label."""
+"""The cluster seam on Ray: one actor per worker, pinned to the node advertising its label; within a
+run, a process an earlier row started there (ray_hosts.py)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,21 @@ def _node(_actor) -> dict:
     return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
 
+DRIVER_NODE = "the driver's node"  # where a coordinator's host runs, as the pool files it
+
+
 class RayPlaced(Placed):
     def start(self, role: type, coordinator: type | None) -> None:
         self.timeout_s = self.cfg["cluster"]["step_timeout_s"]
         self.joined = bool(self.cfg["cluster"]["ray_address"])
         self.connection = connect(self.cfg)
         self.driver_node = ray.get_runtime_context().get_node_id()
-        self.coordinator = ray.remote(coordinator).options(**on_driver_node()).remote() if coordinator else None
-        self.actors = [ray.remote(role).options(**placement(spec)).remote() for spec in self.specs]
+        pool = self.connection.hosts
+        self.coordinator = pool.take(DRIVER_NODE, on_driver_node()) if coordinator else None
+        self.actors = [pool.take(spec["node"], placement(spec)) for spec in self.specs]
+        # a fresh role object in each: nothing of an earlier row's is left in it
+        roles = [(a, role) for a in self.actors] + ([(self.coordinator, coordinator)] if coordinator else [])
+        self.results([host.become.remote(r) for host, r in roles], "starting")
 
     def setup(self) -> list[dict]:
         info = super().setup()
@@ -30,10 +38,10 @@ class RayPlaced(Placed):
         return info
 
     def call(self, rank: int, method: str, *args, returns: int = 1, **kwargs):
-        return getattr(self.actors[rank], method).options(num_returns=returns).remote(*args, **kwargs)
+        return self.actors[rank].invoke.options(num_returns=returns).remote(method, *args, **kwargs)
 
     def coordinator_call(self, method: str, *args, returns: int = 1, **kwargs):
-        return getattr(self.coordinator, method).options(num_returns=returns).remote(*args, **kwargs)
+        return self.coordinator.invoke.options(num_returns=returns).remote(method, *args, **kwargs)
 
     def results(self, handles: list, doing: str, survivable: bool = False) -> list:
         try:
@@ -86,8 +94,10 @@ class RayPlaced(Placed):
 
     def close(self) -> None:
         if getattr(self, "connection", None):
-            if self.connection.kept:  # the run's Ray stays up: this row's processes must not
-                for actor in [*self.actors, *([self.coordinator] if self.coordinator else [])]:
-                    ray.kill(actor, no_restart=True)
+            if self.connection.kept:  # the run's Ray stays up: its hosts serve the next row
+                hosts = [(spec["node"], a) for spec, a in zip(self.specs, getattr(self, "actors", []))]
+                if getattr(self, "coordinator", None):
+                    hosts.append((DRIVER_NODE, self.coordinator))
+                self.connection.hosts.give_back(hosts)
             self.connection.release()
             self.connection = None

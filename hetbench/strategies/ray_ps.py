@@ -36,6 +36,8 @@ class RayReplica(Replica):
             self.channel.close()
             self.channel = None
 
+    retire = disconnect  # the row is over: this process serves the next one
+
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         grad, compute_s = super().compute(None if self.shared else self.weights_in(weights), step, ticket, after)
         return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
@@ -102,6 +104,12 @@ class RayServer(ParameterServer):
         """Lost workers' channels: closed, so nothing more waits on them."""
         for name in names:
             self.channels.pop(name).close()
+
+    def retire(self) -> None:
+        """The row is over: every channel and the port closed, as this process serves the next row."""
+        self.forget(list(self.channels))
+        if self.listener:
+            self.listener.close()
 
     def _put(self, weights) -> list:
         """New weights out: posted down every channel (a copy: the master weights move on), or put

@@ -41,6 +41,11 @@ class DDPRank(Replica):
             "gloo", init_method=f"tcp://{master}:{port}", rank=self.rank, world_size=world, timeout=timeout
         )
 
+    def retire(self) -> None:
+        """The row is over: out of the group, as this process serves the next row."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def reset(self, seed: int) -> None:
         super().reset(seed)
         # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors)
