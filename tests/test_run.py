@@ -86,8 +86,9 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
     assert len(opened) == 1  # not one per row (4 with the floor) or repeat, nor for the standalone timings
     # every row starts with the run's processes alone: a worker each and a coordinator, none left by the last row
     assert len(alive_at_row_start[0]) == 3 and alive_at_row_start == [alive_at_row_start[0]] * 3
-    single, ray_ps = records[0]["workers"], {w["name"]: w["pid"] for w in records[1]["workers"]}
-    assert single[0]["pid"] == ray_ps[single[0]["name"]]  # the same process, a fresh role in it
+    # single's worker runs in one of ray-ps's processes, a fresh role in it (the two workers share
+    # a node here, so which of the node's processes serves which worker is the pool's choice)
+    assert records[0]["workers"][0]["pid"] in {w["pid"] for w in records[1]["workers"]}
     assert records[0]["ray_startup_s"] > 0 and not ray.is_initialized()
 
 
