@@ -12,7 +12,7 @@ from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import write_plots
 from hetbench.results.records import atomic_write, hand_to_owner
-from hetbench.results.verdict import verdict
+from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
 from hetbench.strategies.registry import BASELINE
 
@@ -80,7 +80,7 @@ def _balance(record: dict) -> str | None:
 
 def rows(records: list[dict]) -> list[list]:
     records = ordered(records)
-    baseline = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
+    baseline = measured(records, BASELINE)
     floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
     table = []
     for r in records:

@@ -9,6 +9,7 @@ from tabulate import tabulate
 from hetbench.config import LINK_PROFILES
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
+from hetbench.results.verdict import measured
 from hetbench.strategies.registry import BASELINE
 
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
@@ -75,7 +76,7 @@ def whatif(records: list[dict]) -> str:
     """The what-if table (Markdown), or "" when the run lacks what it needs (the floor's bytes,
     the workers' speeds alone, a baseline)."""
     floor = floor_record(records)
-    base = next((r for r in records if r["strategy"] == BASELINE and r.get("samples_per_s")), None)
+    base = measured(records, BASELINE)
     rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
     if not floor or not base or not rows:
         return ""
