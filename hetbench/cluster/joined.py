@@ -1,6 +1,7 @@
-"""Before a run on a joined cluster: wait for every placement label to have its Ray node and its
-Dask worker (the Mac may still be starting), saying who is missing; bounded by
-`cluster.wait_for_workers_s`, then a clear failure, or without them if `cluster.allow_missing`."""
+"""Before a run on a joined cluster: refuse an address nothing answers at, before anything starts;
+then wait for every placement label to have its Ray node and its Dask worker (the Mac may still be
+starting), saying who is missing; bounded by `cluster.wait_for_workers_s`, then a clear failure,
+or without them if `cluster.allow_missing`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import sys
 import time
 
 from hetbench.balance import split_batch
+from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.nodes import dask_workers
-from hetbench.cluster.ray_connection import RayConnection
+from hetbench.cluster.ray_connection import connect
 from hetbench.errors import UserError
 
 REPORT_EVERY_S = 10.0
@@ -44,13 +46,17 @@ def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[st
 def wait_for_workers(cfg: dict) -> dict:
     """The config to run: unchanged once every label is there, or without the missing workers."""
     cluster = cfg["cluster"]
+    for address in (cluster["ray_address"], cluster["dask_scheduler"]):
+        if address:
+            check_reachable(address, cluster["connect_timeout_s"])
     wanted = {w["node"] for w in cfg["workers"] if w["node"]}
     if not wanted or not (cluster["ray_address"] or cluster["dask_scheduler"]):
         return cfg
     with contextlib.ExitStack() as stack:
-        ray_conn = RayConnection(cfg, set()) if cluster["ray_address"] else None
+        # inside a run, the run's connection: its rows join once
+        ray_conn = connect(cfg, labels=set()) if cluster["ray_address"] else None
         if ray_conn is not None:
-            stack.callback(ray_conn.close)
+            stack.callback(ray_conn.release)
         dask_client = stack.enter_context(_dask_client(cluster)) if cluster["dask_scheduler"] else None
         deadline, next_report = time.monotonic() + cluster["wait_for_workers_s"], 0.0
         while True:

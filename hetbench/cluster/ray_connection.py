@@ -32,38 +32,66 @@ def process_token() -> str:
     return os.environ.get("RAY_AUTH_TOKEN") or secrets.token_hex(32)
 
 
-_kept: list | None = None  # inside ray_kept_for_the_run: [] or [the run's connection, what it serves]
+class KeptRay:
+    """The one Ray connection a run keeps, with the worker processes its rows hand on (ray_hosts.py).
+    A test session keeps one across tests too: its clusters start once, not per test."""
+
+    def __init__(self) -> None:
+        self.connection: RayConnection | None = None
+        self.address: str | None = None
+
+    def connect(self, cfg: dict, labels: set[str]) -> RayConnection:
+        """The kept connection, opened now if there is none, if it serves another address, if its Ray
+        was shut down meanwhile, or if its private Ray lacks a label; a joined cluster's labels are
+        waited for."""
+        address, kept = cfg["cluster"]["ray_address"], self.connection
+        usable = kept is not None and not kept.closed and kept.ray.is_initialized() and self.address == address
+        if usable and not address and not labels <= kept.labels:
+            usable = False  # a private Ray has the labels it was started with
+        if not usable:
+            self.close()
+            self.connection, self.address = RayConnection(cfg, labels), address
+            self.connection.kept = True
+        elif address:
+            self.connection.wait_for_labels(labels, cfg["cluster"]["wait_for_workers_s"])
+        return self.connection
+
+    def close(self) -> None:
+        if self.connection is not None:
+            self.connection.close()
+        self.connection = None
+
+
+_kept: KeptRay | None = None  # inside ray_kept_for_the_run
 
 
 @contextlib.contextmanager
-def ray_kept_for_the_run():
+def ray_kept_for_the_run(keeper: KeptRay | None = None):
     """Within: the first Ray connection opened serves every later strategy, reference row and repeat
-    of the run, so Ray's startup is paid once; each user still stops the actors it started."""
+    of the run, so Ray's startup is paid once; each user still stops the actors it started.
+    Nested in another keep, the outer one serves. `keeper`: one that outlives the block (a test
+    session's): left open at its end, for the next block."""
     global _kept
-    outer, _kept = _kept, []
+    if _kept is not None:
+        yield
+        return
+    _kept = keeper or KeptRay()
     try:
         yield
     finally:
-        kept, _kept = _kept, outer
-        if kept:
-            kept[0].close()
+        kept, _kept = _kept, None
+        if keeper is None:
+            kept.close()
 
 
-def connect(cfg: dict) -> RayConnection:
-    """A Ray connection with a node for every configured worker's label; `release()` it when done.
-    Inside a run, the run's (opened now if it is not, or if it served another cluster); outside
-    one, a fresh one."""
-    labels = {w["node"] for w in cfg["workers"] if w["node"]}
-    key = (cfg["cluster"]["ray_address"], frozenset(labels))
+def connect(cfg: dict, labels: set[str] | None = None) -> RayConnection:
+    """A Ray connection with a node for each of `labels` (default: every configured worker's);
+    `release()` it when done. Inside a run, the run's (see KeptRay.connect); outside one, a fresh one."""
+    if labels is None:
+        labels = {w["node"] for w in cfg["workers"] if w["node"]}
     if _kept is None:
         return RayConnection(cfg, labels)
-    if _kept and (_kept[1] != key or _kept[0].closed):
-        _kept.pop(0).close()
-        _kept.clear()
-    if not _kept:
-        _kept.extend([RayConnection(cfg, labels), key])
-        _kept[0].kept = True
-    return _kept[0]
+    return _kept.connect(cfg, labels)
 
 
 class RayConnection:
@@ -78,7 +106,7 @@ class RayConnection:
 
         from hetbench.cluster.ray_hosts import HostPool
 
-        self.ray = ray
+        self.ray, self.labels = ray, labels
         self.hosts = HostPool()  # the worker processes rows hand on to each other (kept connections)
         self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
         os.environ.update(RAY_ENV)
@@ -105,7 +133,7 @@ class RayConnection:
             self.close()
             raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
         self._keep_sigterm()
-        self._wait_for_labels(labels, cluster["wait_for_workers_s"] if cluster["ray_address"] else 0.0)
+        self.wait_for_labels(labels, cluster["wait_for_workers_s"] if cluster["ray_address"] else 0.0)
 
     def _keep_sigterm(self) -> None:
         """Ray's init and shutdown replace the process's SIGTERM handling (shutdown leaves the default,
@@ -113,7 +141,7 @@ class RayConnection:
         if threading.current_thread() is threading.main_thread() and self.sigterm is not None:
             signal.signal(signal.SIGTERM, self.sigterm)
 
-    def _wait_for_labels(self, labels: set[str], timeout_s: float) -> None:
+    def wait_for_labels(self, labels: set[str], timeout_s: float) -> None:
         """Nodes may still be joining (a Mac waking up, a local node starting): wait, bounded, then name the missing."""
         deadline = time.monotonic() + timeout_s
         while True:
