@@ -1,15 +1,33 @@
-"""Fixtures every test gets or may ask for. Shared helpers live in helpers.py (imported as `helpers`:
-pytest puts this folder on sys.path, so bare `pytest` and `python -m pytest` both find it)."""
+"""Fixtures every test gets or may ask for, and the two tiers. Shared helpers live in helpers.py
+(imported as `helpers`: pytest puts this folder on sys.path, so bare `pytest` and `python -m
+pytest` both find it).
+
+Tiers (dask/distributed's convention): `pytest -q` runs the fast tier; tests marked
+`@pytest.mark.slow` (whole runs, their own clusters, faults, subprocess runs) need `--runslow`.
+"""
 
 from __future__ import annotations
 
-import subprocess
+import signal
 import sys
-import time
+from dataclasses import dataclass, field
 
 import pytest
 
-from helpers import SHARED_MNIST
+from helpers import REPO, SHARED_MNIST, CliResult
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run the slow tier (@pytest.mark.slow)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow tier: run with --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def offline_data(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -25,8 +43,33 @@ def _offline_data(monkeypatch):
     offline_data(monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def _cluster_data():
+@pytest.fixture
+def cli(capsys, monkeypatch):
+    """`hetbench ARGS...` run in this process from the checkout, as a user types it: its exit code,
+    stdout and stderr. The SIGTERM handler and unraisable hook main() installs are put back.
+    (Three subprocess smokes in test_cli.py prove the console script itself.)"""
+    from hetbench.cli import main
+
+    monkeypatch.chdir(REPO)
+
+    def call(*args: str) -> CliResult:
+        sigterm, hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse: --help, a usage error
+            code = e.code
+        finally:
+            signal.signal(signal.SIGTERM, sigterm)
+            sys.unraisablehook = hook
+        out, err = capsys.readouterr()
+        return CliResult(code, out, err)
+
+    return call
+
+
+@pytest.fixture(scope="session")
+def _session_data():
     """The same data settings for the processes of a cluster a fixture starts: they outlive one test,
     and their workers read the data where they run."""
     with pytest.MonkeyPatch.context() as monkeypatch:
@@ -34,59 +77,68 @@ def _cluster_data():
         yield
 
 
-@pytest.fixture(scope="module")
-def two_nodes(_cluster_data):
-    """A real two-node Ray cluster on this machine: a head, and a node advertising the `mac` label."""
-    from ray.cluster_utils import Cluster
+@dataclass
+class SharedCluster:
+    """The session's cluster as a test joins it."""
 
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"desktop": 1}})
-    mac = cluster.add_node(num_cpus=1, resources={"mac": 1})
-    cluster.wait_for_nodes(timeout=60)
-    yield cluster, mac
+    overrides: list[str]  # config settings that join it: cluster.ray_address, cluster.dask_scheduler
+    ray_address: str
+    dask_scheduler: str
+    keeper: object  # the session's KeptRay: its connection and idle worker processes
+    node_ids: dict[str, str] = field(default_factory=dict)  # placement label -> Ray node id
+
+    def dask_worker(self, label: str) -> str:
+        """The address of the Dask worker carrying `label`."""
+        from distributed import Client
+
+        from hetbench.cluster.nodes import dask_workers
+
+        with Client(self.dask_scheduler, timeout=30) as client:
+            return next(a for a, w in dask_workers(client).items() if label in w.get("resources", {}))
+
+
+@pytest.fixture(scope="session")
+def _shared_cluster(_session_data):
+    """One real two-node cluster for the whole session, started by hetbench's own local-multinode:
+    a Ray head labelled `desktop` and a Ray node labelled `mac`, a Dask scheduler and one
+    single-threaded Dask worker on each label; and a KeptRay, so the Ray worker processes (torch
+    imported, data loaded) serve test after test as they serve row after row in a run."""
     import ray
 
-    if ray.is_initialized():  # a test that failed before its strategy's close()
-        ray.shutdown()
-    cluster.shutdown()
+    from hetbench.cluster.multinode import cluster_for_run
+    from hetbench.cluster.ray_connection import KeptRay, ray_kept_for_the_run
+    from hetbench.config import load_config
+
+    cfg = load_config(
+        None,
+        ["workers=[{name: desk, node: desktop}, {name: mac, node: mac}]", "cluster.mode=local-multinode"],
+    )
+    keeper = KeptRay()
+    with cluster_for_run(cfg) as (joined, _, _):
+        address, scheduler = joined["cluster"]["ray_address"], joined["cluster"]["dask_scheduler"]
+        joins = [f"cluster.ray_address={address}", f"cluster.dask_scheduler={scheduler}"]
+        shared = SharedCluster(joins, address, scheduler, keeper)
+        try:
+            with ray_kept_for_the_run(keeper):
+                keeper.connect(joined, {"desktop", "mac"})
+                labelled = [(label, node["NodeID"]) for node in ray.nodes() for label in node["Resources"]]
+                shared.node_ids = {label: node for label, node in labelled if label in ("desktop", "mac")}
+            yield shared
+        finally:
+            keeper.close()
 
 
 @pytest.fixture
-def labelled_cluster(_cluster_data):
-    """A real scheduler and two `dask worker` processes, one advertising the `mac` resource label."""
-    from distributed import LocalCluster
+def shared_nodes(_shared_cluster):
+    """The session's cluster without its kept Ray: for tests of what joining and leaving do (what
+    they shut down, the kept Ray opens again for the next test)."""
+    return _shared_cluster
 
-    cluster = LocalCluster(n_workers=0, host="127.0.0.1", dashboard_address=None)
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "distributed.cli.dask_worker",
-                cluster.scheduler_address,
-                "--nthreads",
-                "1",
-                "--no-dashboard",
-                "--host",
-                "127.0.0.1",
-                *extra,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        for extra in (["--resources", "desktop=1"], ["--resources", "mac=1"])
-    ]
-    try:
-        deadline = time.monotonic() + 60
-        while len(cluster.scheduler.workers) < 2:
-            assert time.monotonic() < deadline, "dask workers did not join"
-            time.sleep(0.2)
-        yield cluster
-    finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        cluster.close(timeout=10)
+
+@pytest.fixture
+def shared_cluster(_shared_cluster):
+    """The session's cluster (see _shared_cluster), its kept Ray serving this test."""
+    from hetbench.cluster.ray_connection import ray_kept_for_the_run
+
+    with ray_kept_for_the_run(_shared_cluster.keeper):
+        yield _shared_cluster

@@ -7,9 +7,12 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,14 +36,23 @@ def placed_workers(strategy_cls, cfg: dict, where: str) -> dict:
         strategy.close()
 
 
+def sets(*settings: str) -> list[str]:
+    """Command-line arguments that set each `key=value`: --set key=value ..."""
+    return [arg for setting in settings for arg in ("--set", setting)]
+
+
+# A few steps, one repeat, no floor, no download: a run's settings for tests of anything but its figures.
+TINY = sets("steps=2", "warmup_steps=0", "repeats=1", "download=false", "floor.enabled=false")
+
 LABELLED = "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]"
 
 
 def small_config(tmp_path: Path, *overrides: str) -> dict:
-    """A resolved config that downloads nothing and writes under tmp_path."""
+    """A resolved config that downloads nothing and writes under tmp_path. Accuracy on 500 real test
+    images (one image is 0.002): evaluation is most of a short run's time (~0.5 s per 1,000 images here)."""
     return load_config(
         None,
-        ["download=false", "test_samples=2000", "eval_samples=500", f"results_dir={tmp_path / 'results'}", *overrides],
+        ["download=false", "test_samples=500", "eval_samples=500", f"results_dir={tmp_path / 'results'}", *overrides],
     )
 
 
@@ -101,11 +113,20 @@ def first_update(strategy_cls, cfg) -> torch.Tensor:
         strategy.close()
 
 
+@dataclass
+class CliResult:
+    """What a `hetbench` command left: as subprocess.run's result, in the tests' in-process calls too."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
 def hetbench(*args, env=None, timeout=120):
+    """The console script a user types, in its own process (the `cli` fixture runs it in this one)."""
     env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "hetbench", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
-    )
+    script = Path(sys.executable).with_name("hetbench")
+    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
 def assert_one_line_error(result, pattern):
@@ -123,18 +144,43 @@ def registered(wanted) -> list[str]:
     return [name for name in registry.STRATEGIES if wanted(registry.load(name))]
 
 
-def check_first_update_is_the_union_batch_step(tmp_path: Path, name: str) -> None:
+def check_first_update_is_the_union_batch_step(tmp_path: Path, name: str, shared=None) -> None:
     """With dropout 0 and unequal batches (40 + 24), the first synchronous update equals one
-    single-device step on the union batch, and close() leaves no Ray running."""
+    single-device step on the union batch; close() leaves no Ray running or, on the session's
+    `shared` cluster, nothing but the kept worker processes."""
     import ray
 
     from hetbench.strategies import registry
 
-    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1")
+    joins = shared.overrides if shared else []
+    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1", *joins)
     expected = first_update(registry.load(registry.BASELINE), cfg)
     got = first_update(registry.load(name), cfg)
-    assert not ray.is_initialized()
+    if shared:
+        left = leftover_actors(shared.keeper)
+        assert left == [], left
+    else:
+        assert not ray.is_initialized()
     assert torch.allclose(got, expected, atol=1e-5, rtol=0), (got - expected).abs().max()
+
+
+def leftover_actors(keeper, settle_s: float = 10.0) -> list[str]:
+    """Live Ray actors beyond the idle worker processes `keeper`'s connection holds (class names),
+    after up to `settle_s` for those whose owner ended (Ray Train's) to go. Detached actors are
+    Ray's own singletons (Ray Data's AutoscalingCoordinator): hetbench starts none. None where
+    the kept Ray was shut down: a driver's actors end with it."""
+    import ray
+
+    if not ray.is_initialized():
+        return []
+    idle = {host._actor_id.hex() for hosts in keeper.connection.hosts.idle.values() for host in hosts}
+    deadline = time.monotonic() + settle_s
+    while True:
+        alive = ray._private.state.actors(actor_state_name="ALIVE").items()
+        left = sorted(a["ActorClassName"] for i, a in alive if i not in idle and not a["IsDetached"])
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
 
 
 def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
@@ -172,3 +218,27 @@ def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
         assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
     assert faulted["final_accuracy"] == pytest.approx(single["final_accuracy"], abs=0.001)
     return faulted
+
+
+def sigterm_a_run(results: Path, args: list[str], ready, within_s: float = 240) -> tuple[int, str]:
+    """`hetbench run ARGS` in its own process, sent SIGTERM once `ready()` holds (bounded by
+    `within_s`); its exit code and stderr. Killed, not left, on every path."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetbench", "run", *args, "--results-dir", str(results)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + within_s
+        while time.monotonic() < deadline and not ready():
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    return proc.returncode, err

@@ -10,6 +10,7 @@ import pytest
 from helpers import REPO
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_short_suite_writes_json_with_figures_that_pytest_benchmark_compare_reads(tmp_path):
     out = tmp_path / "bench.json"

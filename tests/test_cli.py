@@ -1,24 +1,15 @@
-"""Every bad-input case through the real CLI: one line on stderr, exit code 2, no traceback unless -v."""
+"""Every bad-input case through the real CLI: one line on stderr, exit code 2, no traceback unless -v.
+
+The cases run `hetbench.cli.main` in this process (the `cli` fixture); three smokes at the end run
+the console script itself: help, one bad input and one tiny run."""
 
 import json
+import time
 
 import pytest
 import torch
 
-from helpers import assert_one_line_error, fake_split, hetbench, write_idx
-
-TINY = [
-    "--set",
-    "steps=2",
-    "--set",
-    "warmup_steps=0",
-    "--set",
-    "repeats=1",
-    "--set",
-    "floor.enabled=false",
-    "--set",
-    "download=false",
-]
+from helpers import TINY, assert_one_line_error, fake_split, hetbench, sets, write_idx
 
 
 @pytest.fixture
@@ -31,23 +22,23 @@ def config(tmp_path):
     return make
 
 
-def test_malformed_yaml(config):
-    assert_one_line_error(hetbench("run", "-c", config("steps: [1,\n")), "is not valid YAML")
+def test_malformed_yaml(cli, config):
+    assert_one_line_error(cli("run", "-c", config("steps: [1,\n")), "is not valid YAML")
 
 
-def test_unknown_key(config):
-    assert_one_line_error(hetbench("run", "-c", config("stepps: 1\n")), "unknown config key 'stepps'")
+def test_unknown_key(cli, config):
+    assert_one_line_error(cli("run", "-c", config("stepps: 1\n")), "unknown config key 'stepps'")
 
 
-def test_unknown_strategy(config):
+def test_unknown_strategy(cli, config):
     assert_one_line_error(
-        hetbench("run", "-c", config("strategies: [single, horovod]\n")),
+        cli("run", "-c", config("strategies: [single, horovod]\n")),
         "unknown strategy 'horovod'; available: single, ray-ps",
     )
 
 
-def test_negative_batch(config):
-    assert_one_line_error(hetbench("run", "-c", config("workers: [{batch: -4}]\n")), "batch must be positive")
+def test_negative_batch(cli, config):
+    assert_one_line_error(cli("run", "-c", config("workers: [{batch: -4}]\n")), "batch must be positive")
 
 
 @pytest.mark.parametrize(
@@ -70,50 +61,49 @@ def test_negative_batch(config):
         ("cluster: {mode: local-multinode}\nstrategies: [ray-ps]\n", [], "needs workers with a 'node' placement label"),
     ],
 )
-def test_config_mistakes_are_one_sentence(config, tmp_path, text, sets, message):
+def test_config_mistakes_are_one_sentence(cli, config, tmp_path, text, sets, message):
     overrides = [arg for item in sets for arg in ("--set", item)]
-    result = hetbench("run", "-c", config(text), *overrides, "--results-dir", str(tmp_path / "r"))
+    result = cli("run", "-c", config(text), *overrides, "--results-dir", str(tmp_path / "r"))
     assert_one_line_error(result, message)
     assert not (tmp_path / "r").exists()  # nothing reserved, nothing written
 
 
-def test_missing_config_file(tmp_path):
-    assert_one_line_error(hetbench("run", "-c", str(tmp_path / "none.yaml")), "does not exist")
+def test_missing_config_file(cli, tmp_path):
+    assert_one_line_error(cli("run", "-c", str(tmp_path / "none.yaml")), "does not exist")
 
 
-def test_unavailable_device(config, tmp_path):
-    result = hetbench(
-        "run", "-c", config("workers: [{device: 'cuda:99'}]\n"), *TINY, "--results-dir", str(tmp_path / "r")
+@pytest.mark.parametrize(
+    "device, message", [("'cuda:99'", "device 'cuda:99' is not available here"), ("tpu", "unknown device 'tpu'")]
+)
+def test_a_device_is_refused_where_its_worker_runs(cli, config, tmp_path, shared_cluster, device, message):
+    joins = sets(*shared_cluster.overrides)
+    result = cli(
+        "run", "-c", config(f"workers: [{{device: {device}}}]\n"), *TINY, *joins, "--results-dir", str(tmp_path)
     )
-    assert_one_line_error(result, "device 'cuda:99' is not available here")
+    assert_one_line_error(result, message)
 
 
-def test_unknown_device_kind(config, tmp_path):
-    result = hetbench("run", "-c", config("workers: [{device: tpu}]\n"), *TINY, "--results-dir", str(tmp_path / "r"))
-    assert_one_line_error(result, "unknown device 'tpu'")
-
-
-def test_missing_data_dir(config, tmp_path):
-    result = hetbench(
+def test_missing_data_dir(cli, config, tmp_path):
+    result = cli(
         "run", "-c", config(f"data_dir: {tmp_path / 'nowhere'}\n"), *TINY, "--results-dir", str(tmp_path / "r")
     )
     assert_one_line_error(result, "does not exist")
     assert not (tmp_path / "r").exists()  # refused before any record file was reserved
 
 
-def test_corrupt_data_file(config, tmp_path):
+def test_corrupt_data_file(cli, config, tmp_path):
     images, labels = fake_split(3)
     write_idx(tmp_path / "d" / "t10k-images-idx3-ubyte", images, magic=7)
     write_idx(tmp_path / "d" / "t10k-labels-idx1-ubyte", labels)
-    result = hetbench("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY, "--results-dir", str(tmp_path / "r"))
+    result = cli("run", "-c", config(f"data_dir: {tmp_path / 'd'}\n"), *TINY, "--results-dir", str(tmp_path / "r"))
     assert_one_line_error(result, "t10k-images-idx3-ubyte: bad magic number 7")
     assert not (tmp_path / "r").exists()
 
 
-def test_results_dir_not_writable(config, tmp_path):
+def test_results_dir_not_writable(cli, config, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    result = hetbench("run", "-c", config("steps: 1\n"), *TINY, "--results-dir", str(blocker / "sub"))
+    result = cli("run", "-c", config("steps: 1\n"), *TINY, "--results-dir", str(blocker / "sub"))
     assert_one_line_error(result, "is not writable")
 
 
@@ -130,72 +120,72 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a
     ],
     ids=["binary", "directory", "alias-bomb", "huge"],
 )
-def test_a_config_that_is_not_a_config_file_is_one_sentence(tmp_path, make, message):
+def test_a_config_that_is_not_a_config_file_is_one_sentence(cli, tmp_path, make, message):
     path = tmp_path / "cfg.yaml"
     make(path)
-    assert_one_line_error(hetbench("run", "-c", str(path)), message)
-    assert_one_line_error(hetbench("run", "-c", "benchmarks/configs/quick.yaml", "--set", "x=*a"), "unknown config key")
+    assert_one_line_error(cli("run", "-c", str(path)), message)
+    assert_one_line_error(cli("run", "-c", "benchmarks/configs/quick.yaml", "--set", "x=*a"), "unknown config key")
 
 
-def test_a_record_file_that_is_not_text_or_a_directory_is_one_sentence(tmp_path):
+def test_a_record_file_that_is_not_text_or_a_directory_is_one_sentence(cli, tmp_path):
     (tmp_path / "bin.json").write_bytes(b"\xff\xfe\x00binary")
-    assert_one_line_error(hetbench("report", str(tmp_path / "bin.json")), "is not UTF-8 text")
-    assert_one_line_error(hetbench("report", str(tmp_path)), "is a directory, not a file")
+    assert_one_line_error(cli("report", str(tmp_path / "bin.json")), "is not UTF-8 text")
+    assert_one_line_error(cli("report", str(tmp_path)), "is a directory, not a file")
 
 
-def test_report_of_a_missing_or_foreign_file(tmp_path):
-    assert_one_line_error(hetbench("report", str(tmp_path / "none.json")), "does not exist")
+def test_report_of_a_missing_or_foreign_file(cli, tmp_path):
+    assert_one_line_error(cli("report", str(tmp_path / "none.json")), "does not exist")
     foreign = tmp_path / "x.json"
     foreign.write_text(json.dumps({"hello": 1}))
-    assert_one_line_error(hetbench("report", str(foreign)), "does not hold hetbench records")
+    assert_one_line_error(cli("report", str(foreign)), "does not hold hetbench records")
 
 
-def test_report_writes_tables_into_a_new_directory_and_refuses_an_unwritable_one(tmp_path):
+def test_report_writes_tables_into_a_new_directory_and_refuses_an_unwritable_one(cli, tmp_path):
     records = tmp_path / "r.json"
     records.write_text(json.dumps([{"strategy": "single", "status": "ok", "samples_per_s": 10.0, "workers": []}]))
-    result = hetbench("report", str(records), "--name", "again", "--results-dir", str(tmp_path / "new" / "dir"))
+    result = cli("report", str(records), "--name", "again", "--results-dir", str(tmp_path / "new" / "dir"))
     assert result.returncode == 0 and "| single" in result.stdout
     assert (tmp_path / "new" / "dir" / "again.md").is_file()
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    result = hetbench("report", str(records), "--name", "again", "--results-dir", str(blocker / "sub"))
+    result = cli("report", str(records), "--name", "again", "--results-dir", str(blocker / "sub"))
     assert_one_line_error(result, "is not writable")
 
 
-def test_report_against_a_run_without_an_emulated_link_is_refused(tmp_path):
+def test_report_against_a_run_without_an_emulated_link_is_refused(cli, tmp_path):
     records = tmp_path / "r.json"
     records.write_text(json.dumps([{"strategy": "single", "status": "ok", "samples_per_s": 10.0, "workers": []}]))
-    result = hetbench("report", str(records), "--against", str(records))
+    result = cli("report", str(records), "--against", str(records))
     assert_one_line_error(result, "--against needs a run over an emulated link")
 
 
-def test_verbose_shows_the_traceback(config):
-    result = hetbench("-v", "run", "-c", config("stepps: 1\n"))
+def test_verbose_shows_the_traceback(cli, config):
+    result = cli("-v", "run", "-c", config("stepps: 1\n"))
     assert result.returncode == 2 and "Traceback" in result.stderr
 
 
 @pytest.mark.parametrize("command", [[], ["run"], ["report"], ["devices"], ["strategies"]])
-def test_help_shows_defaults(command):
-    result = hetbench(*command, "--help")
+def test_help_shows_defaults(cli, command):
+    result = cli(*command, "--help")
     assert result.returncode == 0 and "usage: hetbench" in result.stdout
     if command == ["report"]:
         assert "(default: results)" in result.stdout
 
 
-def test_devices_and_strategies_list_what_is_here():
-    devices = hetbench("devices")
+def test_devices_and_strategies_list_what_is_here(cli):
+    devices = cli("devices")
     assert devices.returncode == 0 and "cpu" in devices.stdout and devices.stdout.startswith("auto -> ")
     # a GPU container's start: a missing device is refused at once, not benchmarked on the CPU
-    assert hetbench("devices", "--require", "cpu").returncode == 0
+    assert cli("devices", "--require", "cpu").returncode == 0
     if not torch.cuda.is_available():
-        assert_one_line_error(hetbench("devices", "--require", "cuda"), "device 'cuda' is not available here")
-    strategies = hetbench("strategies")
+        assert_one_line_error(cli("devices", "--require", "cuda"), "device 'cuda' is not available here")
+    strategies = cli("strategies")
     assert strategies.returncode == 0
     assert strategies.stdout.splitlines()[0].split() == ["single", "available"]
 
 
-def test_worker_refuses_a_head_nothing_answers_at():
-    result = hetbench("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
+def test_worker_refuses_a_head_nothing_answers_at(cli):
+    result = cli("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
     assert_one_line_error(result, "cannot reach 127.0.0.1:9 within 2 s")
 
 
@@ -212,3 +202,66 @@ def test_worker_refuses_version_mismatch_in_one_sentence():
     # a stale image: the same version string, other code
     with pytest.raises(UserError, match=r"version mismatch: hetbench code [0-9a-f]{12} here but 0123456789ab on the"):
         check_versions(mine, {**mine, "hetbench code": "0123456789ab"})
+
+
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("cluster.ray_address=127.0.0.1:9", "cannot reach 127.0.0.1:9 within 3 s"),
+        ("cluster.dask_scheduler=tcp://127.0.0.1:9", "cannot reach tcp://127.0.0.1:9 within 3 s"),
+    ],
+    ids=["ray", "dask"],
+)
+def test_an_unreachable_cluster_address_is_exit_2_within_bounded_time(cli, tmp_path, setting, message):
+    strategy = "dask-sync" if "dask" in setting else "ray-ps"
+    started = time.monotonic()
+    result = cli(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *TINY,
+        "--set",
+        f"strategies=[{strategy}]",
+        "--set",
+        setting,
+        "--set",
+        "cluster.connect_timeout_s=3",
+        "--results-dir",
+        str(tmp_path),
+    )
+    assert_one_line_error(result, message)
+    assert time.monotonic() - started < 60
+
+
+# The console script itself, in its own process: help, one bad input, one tiny run.
+
+
+def test_the_console_script_shows_help():
+    result = hetbench("run", "--help")
+    assert result.returncode == 0 and "usage: hetbench run" in result.stdout and "(default: None)" in result.stdout
+
+
+def test_the_console_script_refuses_bad_input_in_one_line(config):
+    assert_one_line_error(hetbench("run", "-c", config("stepps: 1\n")), "unknown config key 'stepps'")
+
+
+def test_the_console_script_runs_prints_the_table_and_says_where_records_are(tmp_path, shared_cluster):
+    result = hetbench(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *TINY[:-4],  # with the floor
+        "--set",
+        "strategies=[single]",
+        "--set",
+        "floor.iterations=3",
+        "--set",
+        "test_samples=300",
+        *sets(*shared_cluster.overrides),
+        "--results-dir",
+        str(tmp_path / "r"),
+        timeout=200,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "| single" in result.stdout and "| gloo-floor" in result.stdout
+    assert "records:" in result.stderr and list((tmp_path / "r" / "raw").glob("*-quick-*.json"))

@@ -1,5 +1,6 @@
 """The update rule, strategy by strategy (every registered synchronous one): with dropout 0 and
-unequal batches (40 + 24), the first update equals one single-device step on the union batch."""
+unequal batches (40 + 24), the first update equals one single-device step on the union batch.
+On the session's shared cluster: the fast tier's proof that every strategy computes the same step."""
 
 import pytest
 import torch
@@ -10,13 +11,13 @@ from hetbench.strategies.parameter_server import ParameterServerDriver
 
 
 @pytest.mark.parametrize("name", registered(lambda cls: cls.distributed and cls.synchronous))
-def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path, name):
-    check_first_update_is_the_union_batch_step(tmp_path, name)
+def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path, name, shared_cluster):
+    check_first_update_is_the_union_batch_step(tmp_path, name, shared_cluster)
 
 
 @pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
-def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, name):
-    strategy = registry.load(name)(small_config(tmp_path, UNEQUAL, "dropout=0"))
+def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, name, shared_cluster):
+    strategy = registry.load(name)(small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
     try:
         strategy.start()
         trained = []

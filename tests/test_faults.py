@@ -36,11 +36,13 @@ def faulted_run(tmp_path, strategy: str, *extra: str) -> tuple[dict, dict]:
     return single, faulted
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registered(lambda cls: cls.synchronous and cls.survives_worker_loss))
 def test_a_killed_worker_is_survived_on_the_single_device_trajectory(tmp_path, name):
     check_a_killed_worker_is_survived(tmp_path, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registered(lambda cls: not cls.synchronous and cls.survives_worker_loss))
 def test_a_strategy_without_a_barrier_goes_on_without_a_killed_worker(tmp_path, name):
     _, faulted = faulted_run(tmp_path, name, "repeats=1", "steps=30")
@@ -81,6 +83,7 @@ def test_bad_faults_are_one_sentence(tmp_path, faults, message):
         small_config(tmp_path, TWO, f"faults={faults}", "steps=5", "warmup_steps=3")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
 def test_a_worker_killed_while_steps_run_ahead_in_shared_memory_is_survived_without_waiting(tmp_path, name):
     # its gradient counter never moves: the server's wait and the survivor's wait for the weights must end

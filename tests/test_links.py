@@ -3,7 +3,7 @@ wire precision changes on one link."""
 
 import json
 
-from helpers import assert_one_line_error, hetbench
+from helpers import assert_one_line_error
 from hetbench.results.links import by_link, links_markdown, write_links
 
 
@@ -68,13 +68,13 @@ def test_runs_side_by_side_fastest_link_first_with_the_rows_that_pay_marked():
     assert text.startswith("Each column is one run of desk + mac, global batch 256, 3 repeats")
 
 
-def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_link(tmp_path):
+def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_link(cli, tmp_path):
     files = []
     for i, records in enumerate([run("1gbit", 3500.0, 0.01), run("100mbit", 500.0, 0.45)]):
         files.append(tmp_path / f"{i}.json")
         files[-1].write_text(json.dumps(records))
     (tmp_path / "links-1gbit.md").write_text("one run's own table")
-    result = hetbench("report", "--links", *map(str, files), "--results-dir", str(tmp_path), "--name", "links")
+    result = cli("report", "--links", *map(str, files), "--results-dir", str(tmp_path), "--name", "links")
     assert result.returncode == 0, result.stderr
     md = (tmp_path / "links.md").read_text()
     assert md.startswith("# hetbench: links") and "[1gbit](links-1gbit.md)" in md and "100mbit](" not in md
@@ -85,9 +85,9 @@ def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_
         r["config"] = unlinked[0]["config"]
     (tmp_path / "unlinked.json").write_text(json.dumps(unlinked))
     assert_one_line_error(
-        hetbench("report", "--links", str(tmp_path / "unlinked.json"), str(files[0])), "over an emulated link"
+        cli("report", "--links", str(tmp_path / "unlinked.json"), str(files[0])), "over an emulated link"
     )
-    both = hetbench("report", "--links", "--wide", str(files[0]))
+    both = cli("report", "--links", "--wide", str(files[0]))
     assert both.returncode == 2 and "not allowed with argument --links" in both.stderr
     assert by_link([run("1gbit", 3500.0, 0.01)])[0][0]["strategy"] == "single"
     write_links(by_link([run("10gbit", 3600.0, 0.004)]), str(tmp_path), "one")

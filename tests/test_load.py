@@ -11,11 +11,16 @@ EIGHT = "workers=[" + ", ".join(["{}"] * 7 + ["{slowdown: 2.0}"]) + "]"
 WORKER_PEAK_MB = 2048  # a worker holds torch, the 1.2M-parameter model and the 5,000-image sample
 
 
-@pytest.mark.parametrize("strategy", ["ray-ps", "ray-ps-async", "dask-sync", "ray-train-gloo"])
-def test_eight_workers_complete_with_coherent_records_and_bounded_memory(tmp_path, strategy):
+LOADED = ["ray-ps", "ray-ps-async", "dask-sync", "ray-train-gloo"]
+
+
+@pytest.fixture(scope="module")
+def eight_worker_records(tmp_path_factory, _session_data) -> dict[str, dict]:
+    """One run of every loaded strategy with eight workers, as a user's run would (one cluster and
+    one set of worker processes for all rows): strategy -> its record."""
     cfg = small_config(
-        tmp_path,
-        f"strategies=[{strategy}]",
+        tmp_path_factory.mktemp("load"),
+        f"strategies=[{', '.join(LOADED)}]",
         EIGHT,
         "batch_size=64",
         "steps=4",
@@ -25,7 +30,13 @@ def test_eight_workers_complete_with_coherent_records_and_bounded_memory(tmp_pat
         "floor.enabled=false",
         "standalone_steps=0",
     )
-    (record,) = json.loads(run(cfg).path.read_text())
+    return {r["strategy"]: r for r in json.loads(run(cfg).path.read_text())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", LOADED)
+def test_eight_workers_complete_with_coherent_records_and_bounded_memory(eight_worker_records, strategy):
+    record = eight_worker_records[strategy]
     assert record["status"] == "ok", record.get("reason")
     workers = record["workers"]
     assert sorted(w["name"] for w in workers) == [f"w{i}" for i in range(8)]

@@ -12,35 +12,30 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_one_line_error, hetbench
+from helpers import REPO, hetbench, sets, sigterm_a_run
 from hetbench.errors import UserError
 
+# quick.yaml on two local nodes, the mac's worker 3x slower: a few steps, accuracy on 300 images
 UNEQUAL = [
-    "--set",
     "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3}]",
-    "--set",
     "cluster.mode=local-multinode",
-    "--set",
     "batch_size=96",
-    "--set",
     "steps=4",
-    "--set",
     "warmup_steps=1",
-    "--set",
     "repeats=1",
-    "--set",
     "eval_every=5",
-    "--set",
     "standalone_steps=2",
-    "--set",
     "download=false",
-    "--set",
     "test_samples=300",
-    "--set",
     "eval_samples=300",
-    "--set",
     "floor.iterations=5",
 ]
+
+
+def run_on_two_nodes(results: Path, *settings: str, env=None, timeout=280):
+    """`hetbench run` of quick.yaml on UNEQUAL's two local nodes, then `settings`, in its own process."""
+    args = ["-c", "benchmarks/configs/quick.yaml", *sets(*UNEQUAL, *settings), "--results-dir", str(results)]
+    return hetbench("run", *args, env=env, timeout=timeout)
 
 
 def records_of(results: Path) -> list[dict]:
@@ -68,21 +63,15 @@ def cluster_addresses(records: list[dict]) -> list[str]:
     return [cluster["ray_address"], cluster["dask_scheduler"].split("//")[1]]
 
 
+@pytest.mark.slow
 def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_nothing_is_left(tmp_path):
     home = tmp_path / "home"  # a stale Ray token from another install must not matter
     (home / ".ray").mkdir(parents=True)
     (home / ".ray" / "auth_token").write_text("a-stale-token-from-another-install\n")
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        *UNEQUAL,
-        "--set",
+    result = run_on_two_nodes(
+        tmp_path,
         "strategies=[single, ray-ps, dask-sync]",
-        "--set",
         "balance=[equal, auto]",
-        "--results-dir",
-        str(tmp_path),
         env={"HOME": str(home)},
         timeout=280,
     )
@@ -125,64 +114,28 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert processes_mentioning(*cluster_addresses(records)) == []
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hetbench",
-            "run",
-            "-c",
-            "benchmarks/configs/quick.yaml",
-            *UNEQUAL,
-            "--set",
-            "strategies=[single, dask-sync]",
-            "--set",
-            "steps=400",
-            "--set",
-            "standalone_steps=0",
-            "--results-dir",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    settings = ["strategies=[single, dask-sync]", "steps=60", "standalone_steps=0"]  # dask-sync runs ~20 s of them
+    args = ["-c", "benchmarks/configs/quick.yaml", *sets(*UNEQUAL, *settings)]
+    started = []
+
+    def dask_sync_running() -> bool:  # single is recorded, then dask-sync runs for 3 s
+        if not started and records_of(tmp_path):
+            started.append(time.monotonic())
+        return bool(started) and time.monotonic() - started[0] > 3
+
     try:
-        deadline = time.monotonic() + 200
-        while time.monotonic() < deadline and not records_of(tmp_path):
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.5)
-        time.sleep(3)  # dask-sync is running now
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
+        code, err = sigterm_a_run(tmp_path, args, dask_sync_running, within_s=200)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         records = records_of(tmp_path)
         left = processes_mentioning(*cluster_addresses(records)) if records else []
         for pid in left:  # a failing run must not leave its cluster behind for the next tests
             os.kill(pid, signal.SIGKILL)
-    assert proc.returncode == 130, err[-2000:]
+    assert code == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     assert records[0]["strategy"] == "single" and records[0]["status"] == "ok"
     assert left == []
-
-
-def test_local_multinode_needs_placement_labels(tmp_path):
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        "--set",
-        "cluster.mode=local-multinode",
-        "--set",
-        "strategies=[ray-ps]",
-        "--results-dir",
-        str(tmp_path),
-    )
-    assert_one_line_error(result, "needs workers with a 'node' placement label")
 
 
 def test_link_emulation_without_root_is_one_clear_sentence(monkeypatch):
@@ -193,23 +146,10 @@ def test_link_emulation_without_root_is_one_clear_sentence(monkeypatch):
         netns.check_can_emulate()
 
 
-def test_link_rate_is_checked_before_anything_starts(tmp_path):
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        *UNEQUAL,
-        "--set",
-        "link.rate=fast",
-        "--results-dir",
-        str(tmp_path),
-    )
-    assert_one_line_error(result, "'link.rate' must look like 100mbit")
-
-
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs root (network namespaces, tc)")
 
 
+@pytest.mark.slow
 @needs_root
 def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_removed():
     from hetbench.cluster.multinode import cluster_for_run
@@ -261,21 +201,14 @@ def test_links_avoid_held_subnets_and_remove_what_killed_runs_left():
     assert "10.231." not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
 
 
+@pytest.mark.slow
 @needs_root
 def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_path):
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        *UNEQUAL,
-        "--set",
+    result = run_on_two_nodes(
+        tmp_path,
         "link.rate=200mbit",
-        "--set",
         "strategies=[ray-ps, dask-sync]",
-        "--set",
         "standalone_steps=0",
-        "--results-dir",
-        str(tmp_path),
         timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
@@ -295,73 +228,35 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     assert "hb" not in names
 
 
-def test_a_killed_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path):
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        *UNEQUAL,
-        "--set",
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill, settings",
+    [
+        ("node", []),
+        # Ray's health checks find the node gone; Dask's step timeout does
+        pytest.param("link", ["link.rate=1gbit", "cluster.step_timeout_s=60"], marks=needs_root),
+    ],
+)
+def test_a_lost_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path, kill, settings):
+    result = run_on_two_nodes(
+        tmp_path,
+        *settings,
         "strategies=[ray-ps, dask-sync]",
-        "--set",
         "steps=8",
-        "--set",
-        "faults=[{at_step: 3, kill: node, target: mac}]",
-        "--set",
+        f"faults=[{{at_step: 3, kill: {kill}, target: mac}}]",
         "floor.enabled=false",
-        "--set",
         "standalone_steps=0",
-        "--results-dir",
-        str(tmp_path),
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
     assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
-    for record in records:  # the node was there again for dask-sync, and killed again
-        assert record["events"][0]["injected"] == "kill node mac" and record["events"][0]["step"] == 3
+    for record in records:  # the node was there again for dask-sync, and lost again
+        assert record["events"][0]["injected"] == f"kill {kill} mac" and record["events"][0]["step"] == 3
         lost = record["events"][1]
         assert lost["lost"] == "mac" and lost["node"] == "mac" and lost["split"] == {"desk": 96}
     assert processes_mentioning(*cluster_addresses(records)) == []
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs root (CI runs as root)")
-def test_a_cut_link_is_survived_and_restored_for_the_next_scenario(tmp_path):
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        *UNEQUAL,
-        "--set",
-        "strategies=[ray-ps, dask-sync]",
-        "--set",
-        "steps=8",
-        "--set",
-        "link.rate=1gbit",
-        "--set",
-        "cluster.step_timeout_s=60",
-        "--set",
-        "faults=[{at_step: 3, kill: link, target: mac}]",
-        "--set",
-        "floor.enabled=false",
-        "--set",
-        "standalone_steps=0",
-        "--results-dir",
-        str(tmp_path),
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    records = records_of(tmp_path)
-    assert [(r["strategy"], r["status"]) for r in records] == [("ray-ps", "ok"), ("dask-sync", "ok")]
-    for record in records:  # Ray's health checks found the node gone; Dask's step timeout did
-        assert record["events"][0]["injected"] == "kill link mac" and record["events"][0]["step"] == 3
-        assert record["events"][1]["lost"] == "mac" and record["events"][1]["split"] == {"desk": 96}
-    assert processes_mentioning(*cluster_addresses(records)) == []
-    assert not [
-        n
-        for n in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout.split()
-        if n.startswith("hb")
-    ]
+    assert not [n for n in namespaces().split() if n.startswith("hb")]
 
 
 def listening_addresses(port: int) -> set[str]:
@@ -377,30 +272,15 @@ def listening_addresses(port: int) -> set[str]:
     return found
 
 
-def test_the_dask_of_a_local_cluster_listens_on_loopback_only_and_idles_quietly():
+def test_the_dask_of_a_local_cluster_listens_on_loopback_only_and_idles_quietly(shared_cluster):
     import dask
     from distributed import Client
 
-    from hetbench.cluster.multinode import LocalMultinode
-    from hetbench.config import load_config
-
-    cfg = load_config(
-        None,
-        [
-            "workers=[{name: desk, node: desktop}, {name: mac, node: mac}]",
-            "cluster.mode=local-multinode",
-            "download=false",
-        ],
-    )
-    cluster = LocalMultinode(cfg)
-    try:
-        scheduler = cluster.start()["dask_scheduler"]
-        assert listening_addresses(int(scheduler.rsplit(":", 1)[1])) == {"127.0.0.1"}
-        with Client(scheduler, timeout=30) as client:  # DASK_NODE_ENV reached both workers
-            assert list(client.run(dask.config.get, "distributed.worker.profile.enabled").values()) == [False] * 2
-            assert list(client.run(dask.config.get, "distributed.admin.tick.interval").values()) == ["1s"] * 2
-    finally:
-        cluster.stop()
+    scheduler = shared_cluster.dask_scheduler  # started by local-multinode, as a run starts its own
+    assert listening_addresses(int(scheduler.rsplit(":", 1)[1])) == {"127.0.0.1"}
+    with Client(scheduler, timeout=30) as client:  # DASK_NODE_ENV reached both workers
+        assert list(client.run(dask.config.get, "distributed.worker.profile.enabled").values()) == [False] * 2
+        assert list(client.run(dask.config.get, "distributed.admin.tick.interval").values()) == ["1s"] * 2
 
 
 def test_compose_starts_dask_with_the_environment_local_nodes_get():
@@ -431,6 +311,7 @@ for _ in range(2):  # a new cluster each time, as for each of the benchmark suit
 """
 
 
+@pytest.mark.slow
 def test_one_process_joins_one_local_cluster_after_another(tmp_path):
     """Ray keeps the token a process first joined with: every cluster a process starts shares it."""
     result = subprocess.run(
@@ -447,27 +328,19 @@ def test_one_process_joins_one_local_cluster_after_another(tmp_path):
     assert lines[0].split()[0] != lines[1].split()[0]  # two clusters, not one
 
 
+@pytest.mark.slow
 def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
     """Two replicas on one single-threaded Dask worker waited on each other in shared memory for good."""
-    four = [
-        "--set",
+    four = (
         "workers=[{name: d0, node: desktop}, {name: d1, node: desktop}, {name: m0, node: mac, slowdown: 3},"
-        " {name: m1, node: mac, slowdown: 3}]",
-    ]
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        *UNEQUAL,
-        *four,
-        "--set",
+        " {name: m1, node: mac, slowdown: 3}]"
+    )
+    result = run_on_two_nodes(
+        tmp_path,
+        four,
         "strategies=[dask-sync]",
-        "--set",
         "balance=[equal]",
-        "--set",
         "floor.enabled=false",
-        "--results-dir",
-        str(tmp_path),
         timeout=240,
     )
     assert result.returncode == 0, result.stderr[-3000:]

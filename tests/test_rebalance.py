@@ -46,10 +46,12 @@ def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
     assert strategy.batches == [32, 32] and strategy.pushed == [] and strategy.events == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["dask-sync", "ray-ps", "ray-train-gloo"])
-def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name):
+def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name, shared_cluster):
     cfg = small_config(
         tmp_path,
+        *shared_cluster.overrides,
         "name=resplit",
         f"strategies=[{name}]",
         "batch_size=64",
@@ -81,10 +83,12 @@ def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(
     assert resplit_event(auto, 3, {"a": 1}) == {"step": 3, "rebalanced": {"a": 1}}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["ray-ps", "ray-train-gloo"])
-def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, name):
+def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, name, shared_cluster):
     cfg = small_config(
         tmp_path,
+        *shared_cluster.overrides,
         "name=auto",
         f"strategies=[{name}]",
         "batch_size=64",

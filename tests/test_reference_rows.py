@@ -11,11 +11,10 @@ from hetbench.runner import reference_first, run
 MAC_FIRST = "workers=[{name: m, node: mac, batch: 16}, {name: d, node: desktop, batch: 8}]"
 
 
-def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_path, two_nodes):
-    cluster, mac = two_nodes
+def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_path, shared_cluster):
     cfg = small_config(
         tmp_path,
-        f"cluster.ray_address={cluster.address}",
+        *shared_cluster.overrides,
         MAC_FIRST,
         "strategies=[single]",
         "steps=2",
@@ -27,7 +26,7 @@ def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_
     single, floor = json.loads(run(cfg).path.read_text())
     (worker,) = single["workers"]
     # the driver is on the head (`desktop`) node: the baseline ran in its own process on `mac`
-    assert (worker["name"], worker["node_id"], worker["batch"]) == ("m", mac.node_id, 24)
+    assert (worker["name"], worker["node_id"], worker["batch"]) == ("m", shared_cluster.node_ids["mac"], 24)
     assert worker["pid"] != os.getpid()
     # the threads `m` has in the distributed rows: in a joined cluster, its node's cores (it is alone there)
     assert worker["threads"] == os.cpu_count()

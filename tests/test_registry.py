@@ -5,11 +5,11 @@ import json
 import time
 
 import pytest
-import ray
 
 from helpers import (
     check_a_killed_worker_is_survived,
     check_first_update_is_the_union_batch_step,
+    leftover_actors,
     registered,
     small_config,
 )
@@ -29,6 +29,7 @@ class ObjectStoreOnly(RayParameterServer):
 """
 
 
+@pytest.mark.slow
 def test_a_strategy_in_one_new_file_and_one_registry_line_runs_every_check(tmp_path, monkeypatch):
     (tmp_path / "plugin").mkdir()
     (tmp_path / "plugin" / "object_store_only.py").write_text(OBJECT_STORE_ONLY)
@@ -55,14 +56,8 @@ def test_an_unknown_strategy_is_refused_listing_the_registered_ones():
 
 
 @pytest.mark.parametrize("name", registered(lambda cls: cls.distributed))
-def test_a_label_no_node_has_fails_fast_naming_it(tmp_path, name, two_nodes, labelled_cluster):
-    cluster, _ = two_nodes
-    cfg = small_config(
-        tmp_path,
-        f"cluster.ray_address={cluster.address}",
-        "workers=[{node: laptop}]",
-        f"cluster.dask_scheduler={labelled_cluster.scheduler_address}",
-    )
+def test_a_label_no_node_has_fails_fast_naming_it(tmp_path, name, shared_cluster):
+    cfg = small_config(tmp_path, *shared_cluster.overrides, "workers=[{node: laptop}]")
     strategy = registry.load(name)(cfg)
     started = time.monotonic()
     try:
@@ -70,4 +65,4 @@ def test_a_label_no_node_has_fails_fast_naming_it(tmp_path, name, two_nodes, lab
             strategy.start()
     finally:
         strategy.close()
-    assert time.monotonic() - started < 60 and not ray.is_initialized()
+    assert time.monotonic() - started < 60 and leftover_actors(shared_cluster.keeper) == []

@@ -1,15 +1,11 @@
 """Checkpoints and --resume: an interrupted run continues where it stopped, on the same trajectory."""
 
 import json
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 
-from helpers import REPO, UNEQUAL, assert_one_line_error, hetbench, small_config
+from helpers import UNEQUAL, assert_one_line_error, sigterm_a_run, small_config
 from hetbench.strategies.dask_sync import DaskSync
 from hetbench.strategies.single import Single
 
@@ -41,39 +37,17 @@ RUN = [
 ]
 
 
-def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_trajectory(tmp_path):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "hetbench",
-            "run",
-            "-c",
-            "benchmarks/configs/quick.yaml",
-            *RUN,
-            "--results-dir",
-            str(tmp_path),
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not list(tmp_path.glob("checkpoints/*/ray-ps-equal.pt")):
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)  # ray-ps is between its first checkpoint and its end
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 130, err[-2000:]
+@pytest.mark.slow
+def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_trajectory(cli, tmp_path):
+    def in_ray_ps() -> bool:  # between its first checkpoint and its end
+        return bool(list(tmp_path.glob("checkpoints/*/ray-ps-equal.pt")))
+
+    code, err = sigterm_a_run(tmp_path, ["-c", "benchmarks/configs/quick.yaml", *RUN], in_ray_ps)
+    assert code == 130, err[-2000:]
     (record_file,) = tmp_path.glob("raw/*.json")
     assert [r["strategy"] for r in json.loads(record_file.read_text())] == ["single"]
 
-    resumed = hetbench("run", "--resume", str(record_file), timeout=300)
+    resumed = cli("run", "--resume", str(record_file))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "single: recorded before the run was interrupted" in resumed.stderr
     single, ray_ps = json.loads(record_file.read_text())
@@ -89,8 +63,8 @@ def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_traj
 
 
 @pytest.mark.parametrize("strategy_cls", [Single, DaskSync])
-def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls):
-    strategy = strategy_cls(small_config(tmp_path, UNEQUAL, "dropout=0"))
+def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls, shared_cluster):
+    strategy = strategy_cls(small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
     try:
         strategy.start()
         strategy.reset(0)
@@ -109,13 +83,13 @@ def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls):
         strategy.close()
 
 
-def test_resume_refuses_what_it_cannot_continue(tmp_path):
+def test_resume_refuses_what_it_cannot_continue(cli, tmp_path):
     assert_one_line_error(
-        hetbench("run", "--resume", "nothing-like-it", "--results-dir", str(tmp_path)),
+        cli("run", "--resume", "nothing-like-it", "--results-dir", str(tmp_path)),
         "run nothing-like-it kept no checkpoints",
     )
     assert_one_line_error(
-        hetbench("run", "--resume", "x", "-c", "benchmarks/configs/quick.yaml"),
+        cli("run", "--resume", "x", "-c", "benchmarks/configs/quick.yaml"),
         "--resume continues a run with the config it was started with",
     )
-    assert_one_line_error(hetbench("run"), "needs a config (-c CONFIG) or a run to continue (--resume RUN)")
+    assert_one_line_error(cli("run"), "needs a config (-c CONFIG) or a run to continue (--resume RUN)")

@@ -1,50 +1,47 @@
-"""Whole runs: the baseline learns real MNIST, records and tables land, the floor is measured."""
+"""Whole runs: records, tables, plots and the verdict land; repeats, reuse of processes, interrupts."""
 
 import json
 import statistics
 
 import pytest
 
-from helpers import hetbench, small_config
+from helpers import sets, small_config
 from hetbench import runner
 from hetbench.cluster.ray_connection import RayConnection
 from hetbench.runner import run
 from hetbench.strategies import registry
 
 
-def test_baseline_learns_and_writes_records_and_tables(tmp_path, capsys):
-    cfg = small_config(
-        tmp_path,
-        "name=learn",
-        "strategies=[single]",
-        "workers=[{batch: 32}]",
-        "steps=250",
-        "warmup_steps=5",
-        "repeats=1",
-        "eval_every=50",
-        "target_accuracy=0.6",
-        "floor.iterations=5",
-    )
-    out = run(cfg)
-    single, floor = json.loads(out.path.read_text())
-    assert single["strategy"] == "single" and single["status"] == "ok"
-    assert single["final_accuracy"] > 0.8  # chance is 0.1
-    assert single["time_to_target_s"] is not None and single["time_to_target_s"] > 0
-    assert single["samples_per_s"] > 0 and single["samples_per_s_cv"] == 0.0
-    assert single["step"]["comm_s"] == 0.0 and single["step"]["compute_s"] > 0
-    assert single["startup_s"] >= 0 and single["workers"][0]["device"] == "cpu"
-    assert single["config"]["steps"] == 250 and single["env"]["versions"]["torch"]
-    assert [p["step"] for p in single["accuracy_curve"]] == [50, 100, 150, 200, 250, 255]
-    assert floor["strategy"] == "gloo-floor" and floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
-    md = (tmp_path / "results" / "learn.md").read_text()
-    assert "| single" in md and "| gloo-floor" in md
-    assert (tmp_path / "results" / "learn.csv").read_text().startswith("strategy,")
-    assert "| single" in capsys.readouterr().out
+def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, shared_cluster):
+    # ray-ps-async here: the one registered strategy without a barrier, so no equivalence test covers it
+    settings = ["strategies=[single, ray-ps-async]", "steps=6", "warmup_steps=1", "repeats=2", "eval_every=3"]
+    settings += ["standalone_steps=2", "floor.iterations=3", "ray-ps-async.max_staleness=1", "download=false"]
+    settings += ["test_samples=300", "eval_samples=300", *shared_cluster.overrides]
+    result = cli("run", "-c", "benchmarks/configs/quick.yaml", *sets(*settings), "--results-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (raw,) = (tmp_path / "raw").glob("*-quick-*.json")
+    single, ps_async, floor = json.loads(raw.read_text())
+    assert [r["status"] for r in (single, ps_async, floor)] == ["ok"] * 3
+    assert (single["strategy"], ps_async["strategy"], floor["strategy"]) == ("single", "ray-ps-async", "gloo-floor")
+    assert len(ps_async["repeat_samples_per_s"]) == 2 and ps_async["samples_per_s"] > 0
+    # every worker's gradients were applied, none staler than the bound (a worker's own update in between)
+    staleness = ps_async["staleness"]
+    assert sum(staleness["histogram"].values()) >= 2 * 6 and staleness["max"] <= 2
+    assert [p["step"] for p in ps_async["accuracy_curve"]][:2] == [3, 6]
+    assert floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
+    assert result.stdout.startswith("Verdict: ") and "| ray-ps-async" in result.stdout
+    md = (tmp_path / "quick.md").read_text()
+    assert md.count("Verdict: ") == 1 and "| single" in md and "| gloo-floor" in md
+    assert (tmp_path / "quick.csv").read_text().startswith("strategy,")
+    for plot in ("throughput", "step", "accuracy"):
+        assert (tmp_path / f"quick-{plot}.png").read_bytes()[:4] == b"\x89PNG"
+    assert f"records: {raw}" in result.stderr
 
 
-def test_repeats_give_median_and_spread(tmp_path):
+def test_repeats_give_median_and_spread(tmp_path, shared_cluster):
     cfg = small_config(
         tmp_path,
+        *shared_cluster.overrides,
         "strategies=[single]",
         "steps=3",
         "warmup_steps=1",
@@ -58,6 +55,7 @@ def test_repeats_give_median_and_spread(tmp_path):
     assert record["samples_per_s_cv"] == pytest.approx(statistics.stdev(rates) / statistics.mean(rates))
 
 
+@pytest.mark.slow
 def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypatch):
     import ray
 
@@ -92,9 +90,11 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
     assert records[0]["ray_startup_s"] > 0 and not ray.is_initialized()
 
 
-def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path):
+@pytest.mark.slow
+def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path, shared_cluster):
     cfg = small_config(
         tmp_path,
+        *shared_cluster.overrides,
         "name=speed",
         "strategies=[single, ray-train-gloo]",
         "workers=[{name: a}, {name: b}]",
@@ -114,40 +114,23 @@ def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path):
     assert "the first; speed_steps timed the others only" in (tmp_path / "results" / "speed.md").read_text()
 
 
-def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys):
+def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capsys, shared_cluster):
     monkeypatch.setitem(registry.STRATEGIES, "ray-ps", "hetbench.strategies.not_written_yet:Nothing")
-    cfg = small_config(tmp_path, "strategies=[ray-ps, single]", "steps=2", "repeats=1", "floor.enabled=false")
+    cfg = small_config(
+        tmp_path,
+        "strategies=[ray-ps, single]",
+        "steps=2",
+        "repeats=1",
+        "floor.enabled=false",
+        *shared_cluster.overrides,
+    )
     records = json.loads(run(cfg).path.read_text())
     assert [r["status"] for r in records] == ["skipped", "ok"]
     assert "not implemented yet" in records[0]["reason"]
     assert "skipped ray-ps" in capsys.readouterr().err
 
 
-def test_cli_run_prints_the_table_and_says_where_records_are(tmp_path):
-    result = hetbench(
-        "run",
-        "-c",
-        "benchmarks/configs/quick.yaml",
-        "--set",
-        "strategies=[single]",
-        "--set",
-        "steps=5",
-        "--set",
-        "repeats=1",
-        "--set",
-        "floor.iterations=3",
-        "--set",
-        "download=false",
-        "--results-dir",
-        str(tmp_path / "r"),
-        timeout=200,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "| single" in result.stdout and "| gloo-floor" in result.stdout
-    assert "records:" in result.stderr and list((tmp_path / "r" / "raw").glob("*-quick-*.json"))
-
-
-def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch, capsys):
+def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch, capsys, shared_cluster):
     import gc
     import signal
     import sys
@@ -168,7 +151,8 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
     assert capsys.readouterr().err == ""
     try:
         with pytest.raises(KeyboardInterrupt):
-            run(small_config(tmp_path, "strategies=[single]", "standalone_steps=0", "floor.enabled=false"))
+            joins = shared_cluster.overrides
+            run(small_config(tmp_path, "strategies=[single]", "standalone_steps=0", "floor.enabled=false", *joins))
     finally:
         INTERRUPTED.clear()
     _unraisable(swallowed[0])  # with no interrupt pending, an unraisable error is still shown

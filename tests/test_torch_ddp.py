@@ -8,9 +8,9 @@ from helpers import UNEQUAL, small_config
 from hetbench.strategies import registry
 
 
-def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tmp_path):
+def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tmp_path, shared_cluster):
     # the hook weights by the batches the ranks hold now, so a new split changes no update
-    cfg = small_config(tmp_path, UNEQUAL, "dropout=0", "optimizer=sgd", "lr=0.05")
+    cfg = small_config(tmp_path, UNEQUAL, "dropout=0", "optimizer=sgd", "lr=0.05", *shared_cluster.overrides)
     trajectories = []
     for name in ("torch-ddp", "single"):
         strategy = registry.load(name)(cfg)
@@ -30,9 +30,9 @@ def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tm
     assert torch.allclose(ddp, single, atol=1e-4, rtol=0), (ddp - single).abs().max()
 
 
-def test_a_slowed_rank_is_slowed_in_its_compute_and_the_fast_rank_waits_outside_its_own(tmp_path):
+def test_a_slowed_rank_is_slowed_in_its_compute_and_the_fast_rank_waits_outside_its_own(tmp_path, shared_cluster):
     workers = "workers=[{name: fast, batch: 32}, {name: slow, batch: 32, slowdown: 4.0}]"
-    strategy = registry.load("torch-ddp")(small_config(tmp_path, workers))
+    strategy = registry.load("torch-ddp")(small_config(tmp_path, workers, *shared_cluster.overrides))
     try:
         strategy.start()
         strategy.reset(0)

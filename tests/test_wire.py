@@ -24,9 +24,17 @@ def test_float32_travels_as_itself_and_narrower_wires_round_once():
         assert ((back - flat).abs() <= flat.abs() * 2.0**-bits).all()
 
 
-@pytest.mark.parametrize("name", ["ray-train-gloo", "ray-localsgd", "torch-ddp"])
-def test_a_bfloat16_wire_moves_the_first_step_by_its_rounding_only(tmp_path, name):
-    sgd = ["dropout=0", UNEQUAL, "optimizer=sgd", "lr=0.05", "ray-localsgd.sync_every=1", "ray-localsgd.outer_lr=1.0"]
+@pytest.mark.parametrize("name", [pytest.param("ray-train-gloo", marks=pytest.mark.slow), "ray-localsgd", "torch-ddp"])
+def test_a_bfloat16_wire_moves_the_first_step_by_its_rounding_only(tmp_path, name, shared_cluster):
+    sgd = [
+        "dropout=0",
+        UNEQUAL,
+        *shared_cluster.overrides,
+        "optimizer=sgd",
+        "lr=0.05",
+        "ray-localsgd.sync_every=1",
+        "ray-localsgd.outer_lr=1.0",
+    ]
     sgd += ["ray-localsgd.outer_momentum=0.0", "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1"]
     expected = first_update(registry.load("single"), small_config(tmp_path, *sgd))
     got = first_update(registry.load(name), small_config(tmp_path, *sgd, "wire_dtype=bfloat16"))
@@ -34,9 +42,10 @@ def test_a_bfloat16_wire_moves_the_first_step_by_its_rounding_only(tmp_path, nam
     assert 0 < difference < 1e-3, difference  # narrowed for real, yet the same step
 
 
-def test_records_say_what_each_worker_moves_a_step(tmp_path):
+def test_records_say_what_each_worker_moves_a_step(tmp_path, shared_cluster):
     cfg = small_config(
         tmp_path,
+        *shared_cluster.overrides,
         "strategies=[single, ray-localsgd]",
         UNEQUAL,
         "wire_dtype=bfloat16",
