@@ -51,7 +51,15 @@ class FlatModel:
         self.grads.zero_()
 
     def load_params(self, flat: torch.Tensor) -> None:
-        self.params.copy_(flat, non_blocking=True)
+        self.params.copy_(flat, non_blocking=copies_ahead_safely(flat, self.params))
+
+
+def copies_ahead_safely(source: torch.Tensor, target: torch.Tensor) -> bool:
+    """Whether copying `source` into `target` may return before the copy is done: only from pinned
+    memory to CUDA, where torch keeps the pinned block until the copy has read it. From pageable
+    memory CUDA copies synchronously anyway; on MPS a non-blocking copy can read a temporary source
+    after it was freed (a bf16 wire's float32 conversion, an array from ray.get: pytorch/pytorch#189690)."""
+    return target.device.type == "cuda" and source.device.type == "cpu" and source.is_pinned()
 
 
 def weighted_sum(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hetbench.floor import free_port
-from hetbench.gradients import FlatModel, batch_shares, weighted_allreduce, weighted_sum
+from hetbench.gradients import FlatModel, batch_shares, copies_ahead_safely, weighted_allreduce, weighted_sum
 from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
@@ -88,6 +88,26 @@ def test_flat_model_parameters_and_gradients_are_views_of_two_buffers():
     assert torch.equal(torch.cat([p.grad.reshape(-1) for p in flat.model.parameters()]), flat.grads)
     flat.params.zero_()
     assert all(p.abs().sum() == 0 for p in flat.model.parameters())
+
+
+class On:
+    """A tensor's stand-in on `device`, pinned or not (pinning and CUDA need a CUDA build)."""
+
+    def __init__(self, device: str, pinned: bool = False) -> None:
+        self.device, self.pinned = torch.device(device), pinned
+
+    def is_pinned(self) -> bool:
+        return self.pinned
+
+
+def test_weights_are_copied_ahead_only_from_pinned_memory_to_cuda():
+    assert copies_ahead_safely(On("cpu", pinned=True), On("cuda"))
+    assert not copies_ahead_safely(torch.zeros(4), On("cuda"))  # pageable: a temporary may be freed meanwhile
+    assert not copies_ahead_safely(On("cpu", pinned=True), On("mps"))  # pytorch/pytorch#189690
+    assert not copies_ahead_safely(torch.zeros(4), torch.zeros(4))
+    flat = FlatModel(build_model(dropout=0.0, seed=0))
+    flat.load_params(torch.ones_like(flat.params))
+    assert torch.equal(flat.params, torch.ones_like(flat.params))
 
 
 # Adam is left out on purpose: its first step is lr*sign(g), so float rounding on near-zero
