@@ -41,19 +41,20 @@ def sets(*settings: str) -> list[str]:
     return [arg for setting in settings for arg in ("--set", setting)]
 
 
-# A few steps, one repeat, no floor, no download: a run's settings for tests of anything but its figures.
-TINY = sets("steps=2", "warmup_steps=0", "repeats=1", "download=false", "floor.enabled=false")
+# A few steps, one repeat, no standalone timings, no download, no floor (the last, so TINY[:-2] keeps
+# it): a run's settings for tests of anything but its figures.
+TINY = sets("steps=2", "warmup_steps=0", "repeats=1", "standalone_steps=0", "download=false", "floor.enabled=false")
 
 LABELLED = "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]"
 
 
 def small_config(tmp_path: Path, *overrides: str) -> dict:
     """A resolved config that downloads nothing and writes under tmp_path. Accuracy on 500 real test
-    images (one image is 0.002): evaluation is most of a short run's time (~0.5 s per 1,000 images here)."""
-    return load_config(
-        None,
-        ["download=false", "test_samples=500", "eval_samples=500", f"results_dir={tmp_path / 'results'}", *overrides],
-    )
+    images (one image is 0.002): evaluation is most of a short run's time (~0.5 s per 1,000 images here).
+    No standalone timings (~18 s a run: each worker alone, at the start and the end) unless a test
+    sets standalone_steps: balance auto, scaling efficiency and the reference worker need them."""
+    base = ["download=false", "test_samples=500", "eval_samples=500", "standalone_steps=0"]
+    return load_config(None, [*base, f"results_dir={tmp_path / 'results'}", *overrides])
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None, gz: bool = False) -> Path:

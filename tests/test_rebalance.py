@@ -73,7 +73,7 @@ def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name, shared
 
 
 def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(tmp_path):
-    auto = small_config(tmp_path, "balance=[auto]", "warmup_steps=3", "rebalance_every=0")
+    auto = small_config(tmp_path, "balance=[auto]", "standalone_steps=2", "warmup_steps=3", "rebalance_every=0")
     assert [step for step in range(10) if resplit_due(auto, step, step + 1)] == [2]
     equal = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=0")
     assert not any(resplit_due(equal, step, step + 1) for step in range(10))
@@ -93,6 +93,7 @@ def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, 
         f"strategies=[{name}]",
         "batch_size=64",
         "balance=[auto]",
+        "standalone_steps=2",  # auto's; the run is given the speeds below, not timing them
         "workers=[{name: fast}, {name: slow, slowdown: 3.0}]",
         "steps=4",
         "warmup_steps=3",

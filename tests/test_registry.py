@@ -1,7 +1,6 @@
 """The registry is the list every strategy test iterates over: a new strategy is one module and one
 registry line, and it is then covered by the runner, equivalence, lost-worker and placement checks."""
 
-import json
 import time
 
 import pytest
@@ -13,8 +12,8 @@ from helpers import (
     registered,
     small_config,
 )
+from hetbench.cluster.ray_connection import ray_kept_for_the_run
 from hetbench.errors import UserError
-from hetbench.runner import run
 from hetbench.strategies import registry
 
 # A whole strategy, as a user would add one: ray-ps with every buffer through Ray's object store.
@@ -30,24 +29,16 @@ class ObjectStoreOnly(RayParameterServer):
 
 
 @pytest.mark.slow
-def test_a_strategy_in_one_new_file_and_one_registry_line_runs_every_check(tmp_path, monkeypatch):
+def test_a_strategy_in_one_new_file_and_one_registry_line_runs_every_check(tmp_path, monkeypatch, shared_nodes):
     (tmp_path / "plugin").mkdir()
     (tmp_path / "plugin" / "object_store_only.py").write_text(OBJECT_STORE_ONLY)
     monkeypatch.syspath_prepend(str(tmp_path / "plugin"))
     monkeypatch.setitem(registry.STRATEGIES, "ray-ps-object-store", "object_store_only:ObjectStoreOnly")
-    check_first_update_is_the_union_batch_step(tmp_path / "equivalence", "ray-ps-object-store")
+    with ray_kept_for_the_run(shared_nodes.keeper):  # the session's cluster: its workers import the plug-in
+        check_first_update_is_the_union_batch_step(tmp_path / "equivalence", "ray-ps-object-store", shared_nodes)
+    # a whole run of it after `single`, through the runner, losing a worker for real (its own Ray)
     record = check_a_killed_worker_is_survived(tmp_path / "faults", "ray-ps-object-store")
     assert [w["transport"] for w in record["workers"]] == ["object store"] * 2
-    cfg = small_config(
-        tmp_path / "run",
-        "strategies=[single, ray-ps-object-store]",
-        "steps=3",
-        "repeats=1",
-        "workers=[{name: a}, {name: b}]",
-        "floor.enabled=false",
-    )
-    records = json.loads(run(cfg).path.read_text())
-    assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("ray-ps-object-store", "ok")]
 
 
 def test_an_unknown_strategy_is_refused_listing_the_registered_ones():

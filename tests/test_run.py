@@ -103,7 +103,6 @@ def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path, sh
         "warmup_steps=1",
         "repeats=3",
         "eval_every=2",
-        "standalone_steps=0",
         "floor.enabled=false",
     )
     records = json.loads(run(cfg).path.read_text())
@@ -152,7 +151,7 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
     try:
         with pytest.raises(KeyboardInterrupt):
             joins = shared_cluster.overrides
-            run(small_config(tmp_path, "strategies=[single]", "standalone_steps=0", "floor.enabled=false", *joins))
+            run(small_config(tmp_path, "strategies=[single]", "floor.enabled=false", *joins))
     finally:
         INTERRUPTED.clear()
     _unraisable(swallowed[0])  # with no interrupt pending, an unraisable error is still shown

@@ -54,7 +54,6 @@ def test_records_say_what_each_worker_moves_a_step(tmp_path, shared_cluster):
         "warmup_steps=0",
         "repeats=1",
         "eval_every=4",
-        "standalone_steps=0",
         "floor.enabled=false",
     )
     _, local_sgd = json.loads(run(cfg).path.read_text())
