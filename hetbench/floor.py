@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import socket
 import time
-from datetime import timedelta
 
 from hetbench.clock import cv, median
+from hetbench.cluster.gloo import join_group
 from hetbench.cluster.placed import place
 
 FLOOR_NAME = "gloo-floor"
@@ -26,14 +26,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float) -> list[float]:
+def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float) -> dict:
+    """The seconds of each timed all-reduce, and the interface this end's gloo used."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=timeout_s)
-    )
+    interface = join_group(master, port, rank, 2, timeout_s)
     try:
         buffer = torch.randn(numel)
         times = []
@@ -43,7 +42,7 @@ def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: i
             dist.all_reduce(buffer)
             if i >= WARMUP:
                 times.append(time.perf_counter() - start)
-        return times
+        return {"times": times, "interface": interface}
     finally:
         dist.destroy_process_group()
 
@@ -58,7 +57,7 @@ class FloorEnd:
     def free_port(self, host: str) -> int:
         return free_port(host)
 
-    def allreduce_times(self, *args) -> list[float]:
+    def allreduce_times(self, *args) -> dict:
         return allreduce_times(*args)
 
 
@@ -78,11 +77,11 @@ def measure_floor(cfg: dict, numel: int) -> dict:
         master = ends.info[0]["node_ip"]
         (port,) = ends.results([ends.call(0, "free_port", master)], "choosing a port")
         args = (master, port, numel, iterations, timeout_s)
-        times = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
+        measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
     finally:
         ends.close()
     # A collective ends when the slower rank has its result: take the max per iteration.
-    per_iteration = [max(a, b) for a, b in zip(*times)]
+    per_iteration = [max(a, b) for a, b in zip(*(m["times"] for m in measured))]
     return {
         "allreduce_s": median(per_iteration),
         "allreduce_cv": cv(per_iteration),
@@ -93,6 +92,7 @@ def measure_floor(cfg: dict, numel: int) -> dict:
             "between": [i["name"] for i in ends.info],
             "nodes": [i["node"] for i in ends.info],
             "ips": [i["node_ip"] for i in ends.info],
+            "interfaces": [m["interface"] for m in measured],
         },
         "link": {key: value for key, value in cfg["link"].items() if value} or None,
     }

@@ -86,6 +86,14 @@ class SharedCluster:
     dask_scheduler: str
     keeper: object  # the session's KeptRay: its connection and idle worker processes
     node_ids: dict[str, str] = field(default_factory=dict)  # placement label -> Ray node id
+    node_ip: str = ""  # the address both nodes advertise (Ray's pick: this machine's, not loopback)
+
+    @property
+    def interface(self) -> str | None:
+        """The network interface holding the nodes' address: where their gloo ranks must join."""
+        from hetbench.cluster.addresses import interface_of
+
+        return interface_of(self.node_ip)
 
     def dask_worker(self, label: str) -> str:
         """The address of the Dask worker carrying `label`."""
@@ -123,6 +131,7 @@ def _shared_cluster(_session_data):
                 keeper.connect(joined, {"desktop", "mac"})
                 labelled = [(label, node["NodeID"]) for node in ray.nodes() for label in node["Resources"]]
                 shared.node_ids = {label: node for label, node in labelled if label in ("desktop", "mac")}
+                shared.node_ip = next(n["NodeManagerAddress"] for n in ray.nodes() if "desktop" in n["Resources"])
             yield shared
         finally:
             keeper.close()

@@ -175,6 +175,7 @@ def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_
         "between": ["desk", "mac"],
         "nodes": ["desktop", "mac"],
         "ips": [link.host_ip, link.ns_ip],
+        "interfaces": [link.host_dev, link.ns_dev],  # the link's ends, as the nodes' starter chose
     }
     assert link.name not in namespaces()
 

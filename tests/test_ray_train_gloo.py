@@ -20,9 +20,11 @@ def test_ranks_play_the_worker_labelled_for_their_node(tmp_path, shared_cluster)
     try:
         strategy.start()
         placed = {w["name"]: (w["node_id"], w["batch"]) for w in strategy.worker_info()}
+        interfaces = [w["gloo_interface"] for w in strategy.worker_info()]
     finally:
         strategy.close()
     assert placed == {"m": (shared_cluster.node_ids["mac"], 8), "d": (shared_cluster.node_ids["desktop"], 16)}
+    assert interfaces == [shared_cluster.interface] * 2  # toward rank 0's node address, set before Ray Train's init
 
 
 def test_rank_assignment_follows_node_labels_then_order():

@@ -29,6 +29,7 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     assert sum(staleness["histogram"].values()) >= 2 * 6 and staleness["max"] <= 2
     assert [p["step"] for p in ps_async["accuracy_curve"]][:2] == [3, 6]
     assert floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
+    assert floor["path"]["interfaces"] == [shared_cluster.interface] * 2  # each end's gloo, toward the other
     assert result.stdout.startswith("Verdict: ") and "| ray-ps-async" in result.stdout
     md = (tmp_path / "quick.md").read_text()
     assert md.count("Verdict: ") == 1 and "| single" in md and "| gloo-floor" in md

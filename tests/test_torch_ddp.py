@@ -37,6 +37,8 @@ def test_a_slowed_rank_is_slowed_in_its_compute_and_the_fast_rank_waits_outside_
         strategy.start()
         strategy.reset(0)
         timings = [strategy.step(step) for step in range(6)][1:]
+        # each rank on the interface toward rank 0's node address (both nodes share this machine's)
+        assert [w["gloo_interface"] for w in strategy.worker_info()] == [shared_cluster.interface] * 2
     finally:
         strategy.close()
     fast, slow = (statistics.median(t.compute_s[name] for t in timings) for name in ("fast", "slow"))

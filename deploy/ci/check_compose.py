@@ -4,6 +4,8 @@ gpu-policy FILE   every service of `compose config --format json` that trains re
 run ...           the runner finished cleanly; its newest records hold the given strategies, the
                   distributed ones on the desktop and the mac node, the reference rows on the
                   workers' nodes; tables and plots were written; the Ray token is nowhere else
+                  (--gloo-interfaces: the gloo groups formed, each node's end on the interface toward
+                  the other, though the desk's host name resolves to 127.0.1.1 in its containers)
 woke ...          after the mac's worker was stopped (a sleep) and continued, it joined again or
                   ended in one sentence: it did not hang
 """
@@ -77,6 +79,27 @@ def check_records(records: list[dict], strategies: list[str], floor: bool) -> No
             fail(f"the gloo floor did not run between the desktop and the mac: {row.get('path') or row.get('reason')}")
 
 
+HOST_NAME_ADDRESS = "import socket; print(socket.gethostbyname(socket.gethostname()))"
+
+
+def check_gloo_interfaces(head, records: list[dict], expected: dict[str, str]) -> None:
+    """The trap is set (the desk's host name resolves to 127.0.1.1, what gloo would advertise without
+    GLOO_SOCKET_IFNAME), and every gloo group formed on each node's interface toward the other."""
+    resolved = head.exec_run(["python3", "-c", HOST_NAME_ADDRESS]).output.decode().strip()
+    if resolved != "127.0.1.1":
+        fail(f"the desk's host name resolves to {resolved!r} in ray-head, not 127.0.1.1: the check proves nothing")
+    used = {}
+    for r in records:
+        if r["strategy"] == "ray-train-gloo":
+            used.update({(r["strategy"], w["node"]): w.get("gloo_interface") for w in r["workers"]})
+        if r["strategy"] == "gloo-floor":
+            used.update({(r["strategy"], n): i for n, i in zip(r["path"]["nodes"], r["path"]["interfaces"])})
+    wrong = {key: interface for key, interface in used.items() if interface != expected[key[1]]}
+    if not used or wrong:
+        fail(f"gloo ran on {wrong or 'no recorded interface'}, not on {expected}")
+    print(f"check_compose: ok: the desk's host name resolves to 127.0.1.1 and gloo formed on {expected}")
+
+
 def check_token_kept(client, services: dict, results: Path, token: str, worker_log: Path) -> None:
     """The token only in its file: not in records, logs, any container's environment or the image's history."""
     places = {str(p): p.read_text(errors="replace") for p in results.rglob("*") if p.suffix in (".json", ".md", ".csv")}
@@ -122,6 +145,9 @@ def run(args) -> None:
     if sorted({r["strategy"] for r in records if r["strategy"] != "gloo-floor"}) != sorted(strategies):
         fail(f"the records hold {[r['strategy'] for r in records]}, not {strategies}")
     check_records(records, strategies, args.floor)
+    if args.gloo_interfaces:
+        expected = dict(pair.split("=") for pair in args.gloo_interfaces.split(","))
+        check_gloo_interfaces(services["ray-head"], records, expected)
     for table in ("desktop-mac.md", "desktop-mac.csv", "desktop-mac-throughput.png"):
         if not (results / table).is_file():
             fail(f"{table} was not written")
@@ -179,6 +205,7 @@ def main() -> None:
     ran.add_argument("--timeout", type=float, default=900, help="seconds to wait for the runner")
     ran.add_argument("--strategies", required=True, help="the strategies the run has, comma-separated")
     ran.add_argument("--floor", action="store_true", help="the run has the gloo-floor row, across the link")
+    ran.add_argument("--gloo-interfaces", help="node=interface,...: where each node's gloo must have run")
     ran.set_defaults(func=run)
     slept = sub.add_parser("woke")
     slept.add_argument("--worker-pid", type=int, required=True)

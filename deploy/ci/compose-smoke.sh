@@ -14,12 +14,16 @@ WORK=$(mktemp -d /tmp/hetbench-compose.XXXXXX)
 MIRROR=${DEBIAN_MIRROR:-$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 export DOCKER_HOST=unix://$WORK/docker.sock DOCKER_CONFIG=$WORK/docker-config
-COMPOSE=(docker compose --project-name hetbench-ci --env-file "$WORK/ci.env" -f compose.yaml -f compose.cpu.yaml)
+COMPOSE=(docker compose --project-name hetbench-ci --env-file "$WORK/ci.env" -f compose.yaml -f compose.cpu.yaml
+         -f "$WORK/compose.hosts.yaml")
 DOCKERD_PID= WORKER_PID=
 # The "Mac": its own network namespace, joined to this host by a veth pair. MAC_PORTS: what its
 # firewall opens to the desktop, the ports README "Ports" lists for it (hetbench/cluster/nodes.py);
 # MAC_EPHEMERAL: macOS's ephemeral range, where gloo listens, opened for the gloo phase only.
-MAC_NS=hbmac-$$ HOST_END=hbd$$ MAC_END=hbm$$ HEAD_HOST=10.232.0.1 MAC_IP=10.232.0.2
+# A home LAN's addresses, as a user's are: above 127.0.1.1, where the desk's host name resolves in
+# the containers (as on Debian and Ubuntu). gloo's side with the greater address dials the other:
+# the Mac dials whatever the desk advertises, so a desk advertising its host name's address fails.
+MAC_NS=hbmac-$$ HOST_END=hbd$$ MAC_END=hbm$$ HEAD_HOST=192.168.232.1 MAC_IP=192.168.232.2
 MAC_PORTS=6380:6385,8788,10002:10101
 MAC_EPHEMERAL=49152:65535
 
@@ -125,6 +129,15 @@ RESULTS_DIR=$WORK/results
 WAIT_FOR_WORKERS_S=180
 HETBENCH_ARGS=$SHORT --set strategies=[single,ray-ps,dask-sync] --set floor.enabled=false
 ENV
+# the desk's host name resolves to 127.0.1.1 in every service, as Debian's and Ubuntu's /etc/hosts
+# say (here it resolves to 127.0.0.1, below the Mac's address: gloo would form by luck)
+printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$(hostname)" > "$WORK/hosts"
+{
+  echo "services:"
+  for service in gpu-check ray-head dask-scheduler dask-worker runner; do
+    printf '  %s:\n    volumes: ["%s:/etc/hosts:ro"]\n' "$service" "$WORK/hosts"
+  done
+} > "$WORK/compose.hosts.yaml"
 "${COMPOSE[@]}" config --quiet
 docker compose --env-file "$WORK/ci.env" -f compose.yaml config --format json > "$WORK/compose-gpu.json"
 "$VENV/bin/python" deploy/ci/check_compose.py gpu-policy "$WORK/compose-gpu.json"
@@ -175,7 +188,7 @@ done < "$WORK/mac-listening.txt"
 sed -i "s/^HETBENCH_ARGS=.*/HETBENCH_ARGS=$SHORT --set strategies=[ray-train-gloo]/" "$WORK/ci.env"
 say "running the desktop-mac job: ray-train-gloo and the floor, the mac's ephemeral ports open"
 "${COMPOSE[@]}" up -d --no-build --no-deps --force-recreate runner
-"${CHECK_RUN[@]}" --strategies ray-train-gloo --floor
+"${CHECK_RUN[@]}" --strategies ray-train-gloo --floor --gloo-interfaces "desktop=$HOST_END,mac=$MAC_END"
 
 # 9. the Mac sleeps (every process of its worker stopped) long past the head's health checks, then
 #    wakes: its worker joins again, or ends in one sentence; it never hangs

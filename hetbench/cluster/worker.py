@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from hetbench.cluster.addresses import check_reachable
+from hetbench.cluster.addresses import check_reachable, interface_of, route_address
 from hetbench.cluster.join_checks import (
     check_both_directions,
     check_machine,
@@ -34,24 +33,6 @@ from hetbench.errors import UserError
 
 REJOINS = 5  # times the Ray node is started again after the head dropped it (a Mac that slept)
 TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # the Ray node's only
-
-
-def route_address(head: str) -> str:
-    """This machine's address on its route to the head: where its nodes listen, and nowhere else."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((head, 9))  # UDP: no packet is sent, the kernel only picks the route
-        return probe.getsockname()[0]
-
-
-def interface_of(address: str) -> str | None:
-    """The network interface holding `address`: gloo's (it would otherwise take the address the host
-    name resolves to, which a Mac or a Linux /etc/hosts may point elsewhere, e.g. 127.0.1.1)."""
-    import psutil  # Ray's own dependency
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            return name
-    return None
 
 
 def node_commands(head: str, ray_port: int, dask_port: int, label: str, name: str) -> list[tuple[list[str], str]]:

@@ -80,9 +80,8 @@ def train_loop(config: dict) -> None:
     index = assign_ranks(cfg["workers"], [set(labels) for labels in labels_by_rank])[rank]
     replica = Replica()  # this rank's worker: device resolved here, on its own node
     info = replica.setup(cfg, index, workers_per_host(cfg, cfg["workers"][index], joined))
-    collector.record.remote(
-        ("ready",), rank, {**info, "rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
-    )
+    here = {"rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
+    collector.record.remote(("ready",), rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")})
     share, device = batch_shares(replica.batches)[index], replica.device
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
@@ -152,7 +151,9 @@ class RayTrainGloo(Strategy):
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchConfig, TorchTrainer
+        from ray.train.torch import TorchTrainer
+
+        from hetbench.strategies.ray_train_backend import GlooTorchConfig
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers, self.timeout_s = self.cfg["workers"], self.cfg["cluster"]["step_timeout_s"]
@@ -163,7 +164,7 @@ class RayTrainGloo(Strategy):
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={"cfg": self.cfg, "collector": self.collector, "joined": joined},
-            torch_config=TorchConfig(backend="gloo", timeout_s=int(self.timeout_s)),
+            torch_config=GlooTorchConfig(backend="gloo", timeout_s=int(self.timeout_s)),
             scaling_config=ScalingConfig(
                 num_workers=len(workers),
                 use_gpu=False,

@@ -13,13 +13,12 @@ sample-weighted mean (DDP's own average would weight a 40-sample slice like a 24
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetbench.clock import now
+from hetbench.cluster.gloo import join_group
 from hetbench.cluster.placed import place
 from hetbench.floor import free_port
 from hetbench.gradients import batch_shares, weighted_allreduce
@@ -35,11 +34,8 @@ class DDPRank(Replica):
     def free_port(self, host: str) -> int:
         return free_port(host)
 
-    def join(self, master: str, port: int, world: int) -> None:
-        timeout = timedelta(seconds=self.cfg["cluster"]["step_timeout_s"])
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://{master}:{port}", rank=self.rank, world_size=world, timeout=timeout
-        )
+    def join(self, master: str, port: int, world: int) -> str | None:
+        return join_group(master, port, self.rank, world, self.cfg["cluster"]["step_timeout_s"])
 
     def retire(self) -> None:
         """The row is over: out of the group, as this process serves the next row."""
@@ -90,7 +86,9 @@ class TorchDDP(Strategy):
         self._set_split([info["batch"] for info in self.info])
         master = self.info[0]["node_ip"]
         (port,) = self.placed.results([self.placed.call(0, "free_port", master)], "choosing a port")
-        self._each("join", master, port, len(self.info), doing="forming the gloo group (README: Ports)")
+        joined = self._each("join", master, port, len(self.info), doing="forming the gloo group (README: Ports)")
+        for info, interface in zip(self.info, joined):
+            info["gloo_interface"] = interface
 
     def reset(self, seed: int) -> None:
         self._each("reset", seed)
