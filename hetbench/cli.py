@@ -8,6 +8,7 @@ import signal
 import sys
 import traceback
 
+from hetbench.cluster.nodes import HEAD_DASK_PORT, HEAD_RAY_PORT
 from hetbench.errors import INTERRUPTED, RunFailed, UserError
 
 EXIT_BAD_INPUT = 2
@@ -80,6 +81,10 @@ def cmd_devices(args) -> int:
 
     if args.require:  # a container's start: refuse at once where the device it was given is missing
         resolve_device(args.require)
+    if args.head:  # ... and a desktop the Mac could not reach (WSL2 in NAT mode, a wrong HEAD_HOST)
+        from hetbench.cluster.wsl import check_this_desktop
+
+        check_this_desktop(args.head)
     print(f"auto -> {resolve_device('auto')}")
     for name in available_devices():
         print(f"  {describe(resolve_device(name))}")
@@ -145,14 +150,20 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--head", required=True, help="the head's address as this machine reaches it")
     worker.add_argument("--label", default="mac", help="placement label this node advertises")
     worker.add_argument("--name", default=None, help="Dask worker name (default: the label)")
-    worker.add_argument("--ray-port", type=int, default=6379, help="the head's Ray (GCS) port")
-    worker.add_argument("--dask-port", type=int, default=8786, help="the head's Dask scheduler port")
+    worker.add_argument("--ray-port", type=int, default=HEAD_RAY_PORT, help="the head's Ray (GCS) port")
+    worker.add_argument("--dask-port", type=int, default=HEAD_DASK_PORT, help="the head's Dask scheduler port")
     worker.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the head to answer")
     worker.set_defaults(func=cmd_worker)
 
     devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")
     devices.add_argument(
         "--require", default=None, help="exit 2 in one sentence unless this device (e.g. cuda) is available here"
+    )
+    devices.add_argument(
+        "--head",
+        default=None,
+        help="the desktop's LAN address (HEAD_HOST): exit 2 in one sentence unless it is this machine's "
+        "and, on WSL2, networking is mirrored",
     )
     devices.set_defaults(func=cmd_devices)
     strategies = sub.add_parser("strategies", formatter_class=fmt, help="registered strategies and availability")

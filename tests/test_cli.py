@@ -187,6 +187,7 @@ def test_devices_and_strategies_list_what_is_here(cli):
 def test_worker_refuses_a_head_nothing_answers_at(cli):
     result = cli("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
     assert_one_line_error(result, "cannot reach 127.0.0.1:9 within 2 s")
+    assert "Windows desktop must let it through its Hyper-V firewall" in result.stderr
 
 
 def test_worker_refuses_version_mismatch_in_one_sentence():

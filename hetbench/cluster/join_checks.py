@@ -13,6 +13,7 @@ from importlib import metadata
 from pathlib import Path
 
 from hetbench.cluster.nodes import DASK_WORKER_PORT, RAY_NODE_PORTS
+from hetbench.cluster.wsl import HYPERV_RULE, is_wsl2
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
 
@@ -74,7 +75,8 @@ def check_both_directions(head: str, here: str, scheduler: str, timeout_s: float
     through its Dask scheduler, once this node's processes listen): a blocked port, named, in one sentence."""
     blocked = unreachable(head, list(LISTENED), timeout_s)
     if blocked:
-        raise UserError(_blocked(f"this machine cannot reach the head at {head}", blocked, "the desktop's"))
+        who = f"this machine cannot reach the head at {head}"
+        raise UserError(blocked_message(who, blocked, "the desktop's", head_is_wsl2(scheduler, timeout_s)))
     deadline = time.monotonic() + timeout_s
     while unreachable(here, list(LISTENED), 1.0):  # our own processes still starting
         if time.monotonic() > deadline:
@@ -85,7 +87,7 @@ def check_both_directions(head: str, here: str, scheduler: str, timeout_s: float
     with Client(scheduler, timeout=timeout_s) as client:
         blocked = client.run_on_scheduler(unreachable, here, list(LISTENED), timeout_s)
     if blocked:
-        raise UserError(_blocked(f"the head cannot reach this machine at {here}", blocked, "this machine's"))
+        raise UserError(blocked_message(f"the head cannot reach this machine at {here}", blocked, "this machine's"))
 
 
 def gloo_warning(here: str, scheduler: str, timeout_s: float) -> str | None:
@@ -108,9 +110,21 @@ def gloo_warning(here: str, scheduler: str, timeout_s: float) -> str | None:
     )
 
 
-def _blocked(who: str, ports: list[int], firewall: str) -> str:
+def blocked_message(who: str, ports: list[int], firewall: str, wsl2_head: bool = False) -> str:
+    """One sentence: who cannot reach which ports, and the firewall to open (a WSL2 desktop's has two)."""
     named = ", ".join(f"{port} ({LISTENED[port]})" for port in ports)
-    return f"{who} on port {named}: let it through {firewall} firewall (README: Ports)"
+    message = f"{who} on port {named}: let it through {firewall} firewall (README: Ports)"
+    if wsl2_head:
+        message += f"; the desktop is WSL2: open its Hyper-V firewall too (administrator PowerShell): {HYPERV_RULE}"
+    return message
+
+
+def head_is_wsl2(scheduler: str, timeout_s: float) -> bool:
+    """Whether the head is a WSL2 desktop, asked of its Dask scheduler (which runs there)."""
+    from distributed import Client
+
+    with Client(scheduler, timeout=timeout_s) as client:
+        return bool(client.run_on_scheduler(is_wsl2))
 
 
 def check_token() -> None:

@@ -21,8 +21,9 @@ DASK_NODE_ENV = {
 }
 
 
+HEAD_RAY_PORT, HEAD_DASK_PORT = 6379, 8786  # the head's GCS and Dask scheduler (compose.yaml's defaults)
 # The ports a node of a joined cluster (the desktop's head, the Mac) listens on besides the head's
-# GCS (6379) and Dask scheduler (8786): fixed, so a firewall can open exactly these, on both machines
+# GCS and Dask scheduler: fixed, so a firewall can open exactly these, on both machines
 # (compose.yaml's head and dask-worker name the same; README: Ports). Ray picks them at random otherwise.
 RAY_NODE_PORTS = {
     "node-manager-port": 6380,  # the raylet: the GCS and the other nodes' raylets call it
@@ -42,6 +43,7 @@ DIRECT_PORT = 6386  # ray-ps's server on the head: the other node's workers' own
 # gloo (ray-train-gloo, the gloo-floor row) cannot be given ports (pytorch/gloo#54): its rendezvous
 # and its pairs listen on any ephemeral port, which the other machine must reach. macOS's range:
 MAC_EPHEMERAL_PORTS = (49152, 65535)
+LINUX_EPHEMERAL_PORTS = (32768, 60999)  # the desktop's (net.ipv4.ip_local_port_range)
 
 
 def fixed_port_args() -> list[str]:

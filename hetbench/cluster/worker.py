@@ -57,8 +57,11 @@ def node_environments(head: str) -> dict[str, dict]:
 def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, timeout_s: float) -> int:
     scheduler, ray_address = f"tcp://{head}:{dask_port}", f"{head}:{ray_port}"
     check_machine()
-    for address in (ray_address, scheduler):
-        check_reachable(address, timeout_s)
+    try:
+        for address in (ray_address, scheduler):
+            check_reachable(address, timeout_s)
+    except UserError as e:  # nothing answers yet to ask whether the head is a Windows desktop
+        raise UserError(f"{e}; a Windows desktop must let it through its Hyper-V firewall too (README)") from None
     check_versions(versions(), head_versions(scheduler, timeout_s))
     check_token()
     envs = node_environments(head)
