@@ -21,7 +21,10 @@ def test_float32_travels_as_itself_and_narrower_wires_round_once():
         back = from_wire(wire)
         assert wire.nbytes == 2000 and back.dtype == torch.float32
         assert torch.equal(back, flat.to(getattr(torch, dtype)).float())
-        assert ((back - flat).abs() <= flat.abs() * 2.0**-bits).all()
+        # half a unit in the last place: relative above the smallest normal, absolute below it
+        # (randn draws a float16 subnormal, |x| < 6.1e-5, in about one run of twenty)
+        scale = flat.abs().clamp(min=torch.finfo(getattr(torch, dtype)).tiny)
+        assert ((back - flat).abs() <= scale * 2.0**-bits).all()
 
 
 @pytest.mark.parametrize("name", [pytest.param("ray-train-gloo", marks=pytest.mark.slow), "ray-localsgd", "torch-ddp"])
