@@ -2,8 +2,8 @@
 
 Without GLOO_SOCKET_IFNAME, gloo advertises the address the host name resolves to: 127.0.1.1 on
 Debian and Ubuntu (/etc/hosts), which a container with `network_mode: host` copies. The rank whose
-address compares greater dials the other (gloo/transport/tcp/pair.cc), so a Mac at 192.168.x.x
-would dial the desktop's loopback and the group would never form (ray-project/ray#37461).
+address compares greater dials the other (gloo/transport/tcp/device.cc, Device::isInitiator), so a Mac
+at 192.168.x.x would dial the desktop's loopback and the group would never form (ray-project/ray#37461).
 """
 
 from __future__ import annotations
