@@ -18,7 +18,7 @@ from hetbench.clock import median
 from hetbench.config import load_config
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import count_parameters
-from hetbench.strategies.base import StepTiming
+from hetbench.step_timing import StepTiming
 from hetbench.strategies.registry import BASELINE, load
 from hetbench.workload import Net
 

@@ -13,17 +13,12 @@ import socket
 import time
 
 from hetbench.clock import cv, median
+from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
-from hetbench.cluster.placed import place
+from hetbench.cluster.place import place
 
 FLOOR_NAME = "gloo-floor"
 WARMUP = 5  # all-reduces that warm the connection up, untimed
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float) -> dict:

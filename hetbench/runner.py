@@ -14,10 +14,9 @@ from hetbench.balance import balanced, resplit_due
 from hetbench.clock import cv, median, now
 from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
-from hetbench.cluster.placed import place
+from hetbench.cluster.place import place
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
-from hetbench.config import repeat_steps
 from hetbench.data import Split, cached_mnist
 from hetbench.errors import RunFailed, stop_if_interrupted
 from hetbench.floor import FLOOR_NAME, measure_floor
@@ -26,9 +25,11 @@ from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown, write_tables
+from hetbench.schedule import repeat_steps
 from hetbench.standalone import measure_standalone, speeds
+from hetbench.step_timing import StepTiming
 from hetbench.strategies import registry
-from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.strategies.base import Strategy
 from hetbench.strategies.registry import BASELINE
 from hetbench.strategies.roles import ParameterServer, Replica
 from hetbench.workload import Net, accuracy
@@ -129,7 +130,7 @@ def train_repeat(
 
 
 def repeat_plan(cfg: dict, evaluate: Evaluator, r: int) -> tuple[dict, Evaluator | None]:
-    """Repeat r's config and evaluator (config.repeat_steps)."""
+    """Repeat r's config and evaluator (schedule.repeat_steps)."""
     steps, evaluated = repeat_steps(cfg, r)
     return {**cfg, "steps": steps}, evaluate if evaluated else None
 

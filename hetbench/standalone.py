@@ -11,7 +11,7 @@ shared machine drifts over a run, and the reference should drift with the rows i
 from __future__ import annotations
 
 from hetbench.clock import median
-from hetbench.cluster.placed import place
+from hetbench.cluster.place import place
 from hetbench.strategies.roles import Replica
 
 WARMUP_STEPS = 3

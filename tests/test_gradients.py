@@ -10,7 +10,7 @@ from datetime import timedelta
 import pytest
 import torch
 
-from hetbench.floor import free_port
+from hetbench.cluster.addresses import free_port
 from hetbench.gradients import FlatModel, batch_shares, copies_ahead_safely, weighted_allreduce, weighted_sum
 from hetbench.strategies.base import step_indices, worker_slice
 from hetbench.workload import build_model, build_optimizer, forward_backward

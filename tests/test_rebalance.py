@@ -7,7 +7,8 @@ import pytest
 from helpers import small_config
 from hetbench.balance import resplit_due, resplit_event
 from hetbench.runner import run
-from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.step_timing import StepTiming
+from hetbench.strategies.base import Strategy
 
 
 class Splittable(Strategy):

@@ -160,7 +160,7 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
 
 
 def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_step():
-    from hetbench.strategies.base import StepTiming
+    from hetbench.step_timing import StepTiming
 
     quiet, exchange = StepTiming({"w": 0.1}, 0.0, 0.0, 0.1), StepTiming({"w": 0.1}, 0.3, 0.0, 0.4)
     round_of_four = [quiet, quiet, quiet, exchange]
@@ -172,7 +172,8 @@ def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_ste
 def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
     # a step started past the end waited for weights that never came and held the next repeat's reset
     from hetbench.progress import Progress
-    from hetbench.strategies.base import StepTiming, Strategy
+    from hetbench.step_timing import StepTiming
+    from hetbench.strategies.base import Strategy
 
     class Recorder(Strategy):
         name = "recorder"

@@ -20,13 +20,12 @@ import tempfile
 import time
 from contextlib import contextmanager
 
-from hetbench.cluster.addresses import check_reachable
+from hetbench.cluster.addresses import check_reachable, free_port
 from hetbench.cluster.netns import Link, check_can_emulate, open_links
 from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
 from hetbench.cluster.ray_connection import RAY_ENV, process_token
 from hetbench.errors import UserError
-from hetbench.floor import free_port
 
 log = logging.getLogger(__name__)
 HOST_IP = "127.0.0.1"

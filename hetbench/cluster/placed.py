@@ -79,31 +79,6 @@ class Placed(ABC):
         """Stop what this started; idempotent, on every exit path."""
 
 
-def place(
-    cfg: dict,
-    role: type,
-    owner: str,
-    via: str = "ray",
-    coordinator: type | None = None,
-    ranks: list[int] | None = None,
-) -> Placed:
-    """Processes for the configured workers (or those at `ranks`, a rank twice for two processes),
-    running `role`, each on its labelled node, set up; `coordinator` on the driver's node.
-    `via`: ray | dask."""
-    if via == "dask":
-        from hetbench.cluster.dask_placed import DaskPlaced as Launcher
-    else:
-        from hetbench.cluster.ray_placed import RayPlaced as Launcher
-    placed = Launcher(cfg, owner, ranks)
-    try:
-        placed.start(role, coordinator)
-        placed.setup()
-    except BaseException:
-        placed.close()
-        raise
-    return placed
-
-
 def workers_per_host(cfg: dict, worker: dict, joined_cluster: bool) -> int:
     """How many training processes share this worker's host (they split its cores).
 

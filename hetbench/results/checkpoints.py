@@ -9,7 +9,6 @@ follows the uninterrupted run's trajectory exactly.
 
 from __future__ import annotations
 
-import copy
 import io
 import json
 from dataclasses import asdict
@@ -20,30 +19,7 @@ import torch
 from hetbench.errors import UserError
 from hetbench.inputs import read_text
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
-from hetbench.strategies.base import StepTiming
-
-
-def train_state(flat, optimizer) -> dict:
-    """Model and optimizer of one process, as CPU tensors (what a strategy's state() returns): a
-    snapshot, since state_dict() hands out the optimizer's live tensors, on any device (a driver
-    without that device still saves it; load_state_dict moves the state back to the parameters')."""
-    return {"weights": flat.params.detach().to("cpu", copy=True), "optimizer": cpu_copy(optimizer.state_dict())}
-
-
-def cpu_copy(value):
-    """A deep copy with every tensor on the CPU."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        return {k: cpu_copy(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(cpu_copy(v) for v in value)
-    return copy.deepcopy(value)
-
-
-def load_train_state(flat, optimizer, state: dict) -> None:
-    flat.load_params(state["weights"].to(flat.params.device))
-    optimizer.load_state_dict(state["optimizer"])
+from hetbench.step_timing import StepTiming
 
 
 class RunCheckpoints:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
@@ -13,28 +12,7 @@ import torch
 from hetbench.balance import resplit_event, speed_split, split_batch
 from hetbench.errors import RunFailed
 from hetbench.gradients import batch_shares
-
-
-@dataclass
-class StepTiming:
-    """One global step. comm = moving/combining gradients or weights; wait = idle for the slowest worker."""
-
-    compute_s: dict[str, float]  # per worker name: forward + backward (+ local optimizer step)
-    comm_s: float
-    wait_s: float
-    total_s: float  # wall time of the whole step, as the driver sees it
-    update_s: float = 0.0  # part of comm: a central optimizer step (parameter server only)
-
-    @classmethod
-    def synchronous(cls, compute_s: dict[str, float], total_s: float, update_s: float = 0.0) -> StepTiming:
-        """A barrier step: comm is what the slowest worker's compute leaves of it, wait the spread of compute."""
-        slowest, fastest = max(compute_s.values()), min(compute_s.values())
-        return cls(compute_s, comm_s=total_s - slowest, wait_s=slowest - fastest, total_s=total_s, update_s=update_s)
-
-    @property
-    def sync_overhead_s(self) -> float:
-        """What distribution costs this step: step time minus the slowest worker's compute."""
-        return max(0.0, self.total_s - max(self.compute_s.values()))
+from hetbench.step_timing import StepTiming
 
 
 class Strategy(ABC):
@@ -106,7 +84,7 @@ class Strategy(ABC):
         """Per worker: name, device (as resolved where it runs), node, batch."""
 
     def state(self) -> dict:
-        """The master model and optimizer as CPU tensors (checkpoints.train_state)."""
+        """The master model and optimizer as CPU tensors (train_state.py)."""
         raise NotImplementedError(f"{self.name} keeps no checkpoints")
 
     def load_state(self, state: dict) -> None:

@@ -16,10 +16,11 @@ from typing import ClassVar
 import torch
 
 from hetbench.clock import now
-from hetbench.cluster.placed import place
+from hetbench.cluster.place import place
 from hetbench.errors import WorkersLost
 from hetbench.gradients import batch_shares
-from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.step_timing import StepTiming
+from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import ParameterServer, Replica
 from hetbench.transport.host_memory import HandsOff, HostBuffers
 

@@ -19,7 +19,7 @@ import torch
 from hetbench.clock import now
 from hetbench.errors import UserError, WorkersLost
 from hetbench.gradients import from_wire, to_wire
-from hetbench.strategies.base import StepTiming
+from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer, RayReplica, RayServer
 from hetbench.workload import build_optimizer
 

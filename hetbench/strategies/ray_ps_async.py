@@ -12,7 +12,7 @@ import ray
 
 from hetbench.clock import now
 from hetbench.errors import RunFailed, WorkersLost
-from hetbench.strategies.base import StepTiming
+from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer
 
 

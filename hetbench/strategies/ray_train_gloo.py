@@ -25,13 +25,14 @@ from hetbench.clock import now
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
-from hetbench.config import repeat_steps
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import WIRE_DTYPES, batch_shares, from_buffer, weighted_allreduce
-from hetbench.results.checkpoints import load_train_state, train_state
-from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.schedule import repeat_steps
+from hetbench.step_timing import StepTiming
+from hetbench.strategies.base import Strategy
 from hetbench.strategies.ray_train_collector import Collector
 from hetbench.strategies.roles import Replica
+from hetbench.train_state import load_train_state, train_state
 from hetbench.workload import build_optimizer
 
 

@@ -14,8 +14,8 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
-from hetbench.results.checkpoints import load_train_state, train_state
 from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.train_state import load_train_state, train_state
 from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import build_model, build_optimizer, forward_backward
 

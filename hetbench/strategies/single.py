@@ -14,10 +14,11 @@ from __future__ import annotations
 import torch
 
 from hetbench.clock import now
-from hetbench.cluster.placed import place
-from hetbench.results.checkpoints import load_train_state, train_state
-from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.cluster.place import place
+from hetbench.step_timing import StepTiming
+from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import Replica
+from hetbench.train_state import load_train_state, train_state
 from hetbench.workload import build_optimizer
 
 

@@ -18,11 +18,12 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from hetbench.clock import now
+from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
-from hetbench.cluster.placed import place
-from hetbench.floor import free_port
+from hetbench.cluster.place import place
 from hetbench.gradients import batch_shares, weighted_allreduce
-from hetbench.strategies.base import StepTiming, Strategy
+from hetbench.step_timing import StepTiming
+from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import Replica
 from hetbench.strategies.single import OneDevice
 from hetbench.workload import build_optimizer, forward_backward

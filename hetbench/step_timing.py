@@ -1,0 +1,27 @@
+"""What one global step reports: where its time went, per worker and between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class StepTiming:
+    """One global step. comm = moving/combining gradients or weights; wait = idle for the slowest worker."""
+
+    compute_s: dict[str, float]  # per worker name: forward + backward (+ local optimizer step)
+    comm_s: float
+    wait_s: float
+    total_s: float  # wall time of the whole step, as the driver sees it
+    update_s: float = 0.0  # part of comm: a central optimizer step (parameter server only)
+
+    @classmethod
+    def synchronous(cls, compute_s: dict[str, float], total_s: float, update_s: float = 0.0) -> StepTiming:
+        """A barrier step: comm is what the slowest worker's compute leaves of it, wait the spread of compute."""
+        slowest, fastest = max(compute_s.values()), min(compute_s.values())
+        return cls(compute_s, comm_s=total_s - slowest, wait_s=slowest - fastest, total_s=total_s, update_s=update_s)
+
+    @property
+    def sync_overhead_s(self) -> float:
+        """What distribution costs this step: step time minus the slowest worker's compute."""
+        return max(0.0, self.total_s - max(self.compute_s.values()))

@@ -1,0 +1,77 @@
+"""hetbench's imports run down its layers, and no module imports itself back in a circle.
+
+Imports inside functions count: a lazy import is still a dependency, only a later one.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+
+import hetbench
+
+# Bottom to top; a module may import from its own layer or any below it.
+LAYERS = [
+    {"errors", "inputs", "identity", "devices", "clock", "progress", "step_timing"},
+    {"data", "workload", "gradients", "balance", "train_state", "schedule"},
+    {"transport", "cluster"},
+    {"strategies", "floor", "standalone"},
+    {"config"},
+    {"results"},
+    {"runner"},
+    {"cli", "__main__"},
+]
+
+
+def modules() -> dict[str, str]:
+    """Every hetbench module's name -> its source file (the strategies too, wherever they live)."""
+    found = {}
+    for info in pkgutil.walk_packages(hetbench.__path__, "hetbench."):
+        spec = info.module_finder.find_spec(info.name.rsplit(".", 1)[-1])
+        found[info.name] = spec.origin
+    return found
+
+
+def imports(name: str, path: str, known: set[str]) -> set[str]:
+    """The hetbench modules `name` imports, at any depth of its code."""
+    out = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            targets = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        else:
+            continue
+        out.update(t for t in targets if t in known and t != name)
+    return out
+
+
+def layer(module: str) -> int:
+    part = module.split(".")[1] if "." in module else "__init__"
+    return next(i for i, names in enumerate(LAYERS) if part in names)
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: imports(name, path, set(found)) for name, path in found.items() if name != "hetbench"}
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in graph() if not any(m.split(".")[1] in names for names in LAYERS)] == []
+
+
+def test_no_import_runs_back_up_the_layers():
+    upward = [f"{a} -> {b}" for a, targets in graph().items() for b in targets if layer(b) > layer(a)]
+    assert upward == []
+
+
+def test_no_module_imports_itself_back_in_a_circle():
+    edges = graph()
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in edges.get(start, ()):
+            if nxt == goal or (nxt not in seen and (seen.add(nxt) or reaches(nxt, goal, seen))):
+                return True
+        return False
+
+    assert sorted(m for m in edges if reaches(m, m, set())) == []
