@@ -33,7 +33,7 @@ def load(name: str) -> type[Strategy]:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name == module_name:
-            raise ImportError(f"{module_name.replace('.', '/')}.py is not implemented yet") from None
+            raise ImportError(f"strategies/{module_name.rsplit('.', 1)[-1]}.py is not implemented yet") from None
         raise ImportError(f"needs the '{e.name}' package, which is not installed") from None
     return getattr(module, class_name)
 
