@@ -19,7 +19,7 @@ from hetbench.config import load_config
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import count_parameters
 from hetbench.step_timing import StepTiming
-from hetbench.strategies.registry import BASELINE, load
+from hetbench.strategies.registry import BASELINE, STRATEGIES, load
 from hetbench.workload import Net
 
 MODES = {  # what each --bench-mode covers; the full set is the matrix
@@ -34,7 +34,7 @@ MODES = {  # what each --bench-mode covers; the full set is the issue's matrix
         "standalone_steps": 2,
     },
     "full": {
-        "strategies": ["single", "ray-ps", "ray-ps-async", "ray-train-gloo", "dask-sync", "ray-localsgd", "torch-ddp"],
+        "strategies": list(STRATEGIES),  # every registered one
         "balance": ["equal", "auto"],
         "links": [None, "100mbit"],
         "workers": [2, 4],

@@ -3,19 +3,32 @@
 from __future__ import annotations
 
 import importlib
+import re
 
 from hetbench.errors import UserError
 from hetbench.strategies.base import Strategy
 
-STRATEGIES = {  # name -> "module:Class"; one line per strategy
-    "single": "hetbench.strategies.single:Single",
-    "ray-ps": "hetbench.strategies.ray_ps:RayParameterServer",
-    "ray-ps-async": "hetbench.strategies.ray_ps_async:RayParameterServerAsync",
-    "ray-train-gloo": "hetbench.strategies.ray_train_gloo:RayTrainGloo",
-    "dask-sync": "hetbench.strategies.dask_sync:DaskSync",
-    "ray-localsgd": "hetbench.strategies.ray_localsgd:RayLocalSGD",
-    "torch-ddp": "hetbench.strategies.torch_ddp:TorchDDP",
-}
+STRATEGIES: dict[str, str] = {}  # name -> "module:Class", in the order runs and tables list them
+TARGET = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def register(name: str, target: str) -> None:
+    """Add a strategy: `name` (what configs say) -> "module:Class". A name taken twice, or a target
+    that is not module:Class, is a mistake in the code: refused at once."""
+    if name in STRATEGIES:
+        raise ValueError(f"strategy '{name}' is registered twice ({STRATEGIES[name]} and {target})")
+    if not TARGET.match(target):
+        raise ValueError(f"strategy '{name}': '{target}' is not module:Class")
+    STRATEGIES[name] = target
+
+
+register("single", "hetbench.strategies.single:Single")
+register("ray-ps", "hetbench.strategies.ray_ps:RayParameterServer")
+register("ray-ps-async", "hetbench.strategies.ray_ps_async:RayParameterServerAsync")
+register("ray-train-gloo", "hetbench.strategies.ray_train_gloo:RayTrainGloo")
+register("dask-sync", "hetbench.strategies.dask_sync:DaskSync")
+register("ray-localsgd", "hetbench.strategies.ray_localsgd:RayLocalSGD")
+register("torch-ddp", "hetbench.strategies.torch_ddp:TorchDDP")
 BASELINE = "single"
 
 
@@ -35,7 +48,12 @@ def load(name: str) -> type[Strategy]:
         if e.name == module_name:
             raise ImportError(f"strategies/{module_name.rsplit('.', 1)[-1]}.py is not implemented yet") from None
         raise ImportError(f"needs the '{e.name}' package, which is not installed") from None
-    return getattr(module, class_name)
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Strategy)):
+        raise TypeError(f"strategy '{name}': {STRATEGIES[name]} is not a Strategy subclass")
+    if cls.name != name:
+        raise TypeError(f"strategy '{name}': {STRATEGIES[name]} calls itself '{cls.name}'")
+    return cls
 
 
 def availability() -> dict[str, str | None]:

@@ -46,6 +46,32 @@ def test_an_unknown_strategy_is_refused_listing_the_registered_ones():
         registry.load("horovod")
 
 
+def test_a_name_registered_twice_or_a_target_not_module_colon_class_is_refused(monkeypatch):
+    monkeypatch.setattr(registry, "STRATEGIES", dict(registry.STRATEGIES))
+    with pytest.raises(ValueError, match="strategy 'ray-ps' is registered twice"):
+        registry.register("ray-ps", "elsewhere:Other")
+    with pytest.raises(ValueError, match="'ray_ps.RayParameterServer' is not module:Class"):
+        registry.register("ray-ps-2", "ray_ps.RayParameterServer")
+
+
+def test_a_registered_class_must_be_a_strategy_of_that_name(tmp_path, monkeypatch):
+    (tmp_path / "wrong.py").write_text(
+        "from hetbench.strategies.single import Single\n\nclass NotOne:\n    name = 'x'\n\n"
+        "class Renamed(Single):\n    name = 'other'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "STRATEGIES", dict(registry.STRATEGIES))
+    registry.register("not-one", "wrong:NotOne")
+    registry.register("renamed", "wrong:Renamed")
+    registry.register("missing", "wrong:Missing")
+    with pytest.raises(TypeError, match="wrong:NotOne is not a Strategy subclass"):
+        registry.load("not-one")
+    with pytest.raises(TypeError, match="wrong:Missing is not a Strategy subclass"):
+        registry.load("missing")
+    with pytest.raises(TypeError, match="wrong:Renamed calls itself 'other'"):
+        registry.load("renamed")
+
+
 @pytest.mark.parametrize("name", registered(lambda cls: cls.distributed))
 def test_a_label_no_node_has_fails_fast_naming_it(tmp_path, name, shared_cluster):
     cfg = small_config(tmp_path, *shared_cluster.overrides, "workers=[{node: laptop}]")
