@@ -15,6 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from hetbench.cluster.ray_connection import use_ray_defaults
+
+use_ray_defaults()  # as the CLI does, before any benchmark's Ray reads them
+
 REPO = Path(__file__).resolve().parents[1]
 
 

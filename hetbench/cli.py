@@ -9,6 +9,7 @@ import sys
 import traceback
 
 from hetbench.cluster.nodes import HEAD_DASK_PORT, HEAD_RAY_PORT
+from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.errors import INTERRUPTED, RunFailed, UserError
 
 EXIT_BAD_INPUT = 2
@@ -183,13 +184,42 @@ def _unraisable(unraisable, default=sys.__unraisablehook__) -> None:
         default(unraisable)
 
 
+class _Stderr(logging.StreamHandler):
+    """Writes to whatever sys.stderr is when a line is logged (a test's capture swaps it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _) -> None:
+        pass
+
+
+class _Lines(logging.Formatter):
+    """hetbench's own lines as the user reads them; a library's with its level and name."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.name.partition(".")[0] == "hetbench":
+            return record.getMessage()
+        return f"{record.levelname} {record.name}: {record.getMessage()}"
+
+
+def configure_logging(verbose: bool) -> None:
+    """hetbench's progress and notices always (its debug lines with -v); libraries' warnings (all their
+    lines with -v). A process whose logging is set up already (a test's) keeps its handlers."""
+    handler = _Stderr()
+    handler.setFormatter(_Lines())
+    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
+    logging.getLogger("hetbench").setLevel(logging.DEBUG if verbose else logging.INFO)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
     sys.unraisablehook = _unraisable
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
-    )
+    use_ray_defaults()
+    configure_logging(args.verbose)
     try:
         return args.func(args)
     except UserError as e:

@@ -11,7 +11,6 @@ import importlib.util
 import logging
 import os
 import struct
-import sys
 import tempfile
 import urllib.request
 from dataclasses import dataclass
@@ -157,7 +156,7 @@ def _fetch(url: str, target: Path, timeout_s: float) -> bool:
         os.replace(tmp, target)
         return True
     except OSError as e:  # URLError, timeouts and refused connections are all OSErrors
-        log.info("download %s failed: %s", url, e)
+        log.debug("download %s failed: %s", url, e)
         return False
     finally:
         if os.path.exists(tmp):
@@ -237,7 +236,7 @@ def load_mnist(cfg: dict, announce: bool = True) -> tuple[Split, Split]:
 
 
 def notice(message: str) -> None:
-    print(f"notice: {message}", file=sys.stderr)
+    log.info("notice: %s", message)
 
 
 _loaded: dict[tuple, tuple[Split, Split]] = {}

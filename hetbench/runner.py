@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import statistics
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -138,7 +137,7 @@ def repeat_plan(cfg: dict, evaluate: Evaluator, r: int) -> tuple[dict, Evaluator
 def inject(strategy: Strategy, fault: dict, step: int, cluster=None) -> None:
     """A configured fault, for real: a worker's process, or a whole local node's processes, end now;
     the strategy's next step finds its workers lost."""
-    print(f"{strategy.name}: injecting fault at step {step}: kill {fault['kill']} '{fault['target']}'", file=sys.stderr)
+    log.info("%s: injecting fault at step %d: kill %s '%s'", strategy.name, step, fault["kill"], fault["target"])
     if fault["kill"] == "node":
         cluster.kill_node(fault["target"])
     elif fault["kill"] == "link":
@@ -154,7 +153,7 @@ def faults_for(cls: type[Strategy], cfg: dict) -> tuple[list[dict], dict]:
         return [], {}
     if not cls.survives_worker_loss:
         reason = f"{cls.name} does not survive a lost worker yet: faults not injected"
-        print(reason, file=sys.stderr)
+        log.info(reason)
         return [], {"faults_skipped": reason}
     return cfg["faults"], {}
 
@@ -196,10 +195,10 @@ def run_strategy(
         notes["resumed_at"] = {"repeat": len(saved["done"]), "step": saved["progress"]["next_step"]}
     if cfg["checkpoint_every"] and not cls.resumable:
         notes["checkpoints_skipped"] = f"{name} cannot be resumed with --resume yet: no checkpoint of it is kept"
-        print(notes["checkpoints_skipped"], file=sys.stderr)
+        log.info(notes["checkpoints_skipped"])
     if cfg["rebalance_every"] and cls.distributed and not cls.rebalances:
         notes["rebalance_skipped"] = f"{name} cannot re-split its batch between steps yet: rebalance_every not applied"
-        print(notes["rebalance_skipped"], file=sys.stderr)
+        log.info(notes["rebalance_skipped"])
     try:
         started = now()
         strategy.start()
@@ -333,7 +332,7 @@ def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
             )
     out.save()
     if line := alone(out.records).strip():
-        print(line, file=sys.stderr)
+        log.info(line)
 
 
 def scenarios(cfg: dict) -> list[tuple[str, str | None]]:
@@ -399,7 +398,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
             checkpoints.save_run(cfg, standalone)
         with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, cluster), ray_kept_for_the_run():
             if cluster_startup_s is not None:
-                print(f"local-multinode cluster up in {cluster_startup_s:.1f} s", file=sys.stderr)
+                log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
             cluster_cfg = wait_for_workers(cluster_cfg)
             ray_startup_s = open_ray(cluster_cfg)
             at_start = None  # each worker's timings alone at the start (a resumed run has only their medians)
@@ -417,9 +416,9 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     scenario_cfg = balanced(cluster_cfg, balance, standalone)
                 label = name if balance is None else f"{name} [{balance}]"
                 if recorded(out.records, name, scenario_cfg):
-                    print(f"{label}: recorded before the run was interrupted, not run again", file=sys.stderr)
+                    log.info("%s: recorded before the run was interrupted, not run again", label)
                     continue
-                log.info("running %s", label)
+                log.debug("running %s", label)
                 try:
                     where = f"[{n}/{len(planned)}] {label}"  # the progress line's
                     record = run_strategy(name, scenario_cfg, evaluate, env, standalone, checkpoints, cluster, where)
@@ -444,7 +443,7 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                 if checkpoints:  # recorded: its checkpoint is no longer needed
                     checkpoints.remove(scenario_key(name, scenario_cfg))
                 if record["status"] == "skipped":
-                    print(f"skipped {label}: {record['reason']}", file=sys.stderr)
+                    log.info("skipped %s: %s", label, record["reason"])
             if at_start:
                 rescale(out, at_start, measure_standalone(cluster_cfg))
             if cfg["floor"]["enabled"] and not recorded(out.records, FLOOR_NAME, cfg):
@@ -471,5 +470,5 @@ def resume_run(run_id: str, results_dir: str) -> RecordFile:
         results_dir, run_id = str(path.parent.parent), path.stem
     cfg, standalone = RunCheckpoints(results_dir, run_id).load_run()
     cfg["results_dir"] = results_dir
-    print(f"resuming run {run_id}", file=sys.stderr)
+    log.info("resuming run %s", run_id)
     return run(cfg, RecordFile.reopen(Path(results_dir) / "raw" / f"{run_id}.json"), standalone)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import sys
+import logging
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
@@ -10,9 +10,12 @@ import numpy as np
 import torch
 
 from hetbench.balance import resplit_event, speed_split, split_batch
+from hetbench.cluster.placed import Placed
 from hetbench.errors import RunFailed
 from hetbench.gradients import batch_shares
 from hetbench.step_timing import StepTiming
+
+log = logging.getLogger(__name__)
 
 
 class Strategy(ABC):
@@ -58,6 +61,7 @@ class Strategy(ABC):
         self.info: list[dict] = []  # per live worker, in rank order: what worker_info reports
         self.batches: list[int] = []  # per live worker: its samples per step
         self.shares: list[float] = []  # per live worker: batch / global batch, the rule's weights
+        self.placed: Placed | None = None  # its workers' processes (cluster/place.py), once started
 
     @abstractmethod
     def start(self) -> None:
@@ -108,11 +112,8 @@ class Strategy(ABC):
         split = self._set_split(split_batch(self.cfg["batch_size"], self.batches))
         self.lost.append({**lost, "lost_at_step": step})
         self.events.append({"step": step, "lost": lost["name"], "node": lost["node"], "split": split})
-        print(
-            f"{self.name}: worker '{lost['name']}' lost at step {step}; going on with "
-            + ", ".join(f"{n}x{b}" for n, b in split.items()),
-            file=sys.stderr,
-        )
+        going_on = ", ".join(f"{n}x{b}" for n, b in split.items())
+        log.info("%s: worker '%s' lost at step %d; going on with %s", self.name, lost["name"], step, going_on)
 
     def rebalance(self, step: int, timings: list[StepTiming]) -> None:
         """Re-split the global batch by the speeds in `timings` (speed_split), and hand it on."""

@@ -192,7 +192,7 @@ class ParameterServerDriver(Strategy, HandsOff):
 
     def close(self) -> None:
         self._give_up_hand_offs()  # a call queued ahead must not keep its worker from closing
-        if getattr(self, "placed", None):
+        if self.placed:
             self.placed.close()
 
     def _each(self, method: str, *args) -> list:

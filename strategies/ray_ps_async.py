@@ -30,14 +30,18 @@ class RayParameterServerAsync(RayParameterServer):
     # the object store only: a worker pulls just the version it starts from (channels push every version)
     direct_channels = False
 
+    def __init__(self, cfg: dict) -> None:
+        super().__init__(cfg)
+        self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
+        self.staleness: list[int] = []  # versions behind, per applied gradient, over every repeat
+
     def reset(self, seed: int) -> None:
         self._drain()
         super().reset(seed)
         self.version = 0
         self.next_batch = [0] * len(self.info)  # each worker reads its own stream of slices
-        self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
+        self.in_flight = {}
         self.parked: list[int] = []
-        self.staleness = getattr(self, "staleness", [])
         for rank in range(len(self.info)):
             self._submit(rank)
 
@@ -114,6 +118,6 @@ class RayParameterServerAsync(RayParameterServer):
 
     def _drain(self) -> None:
         """Let a previous repeat's in-flight batches finish before the models are replaced."""
-        pending = list(getattr(self, "in_flight", {}))
+        pending = list(self.in_flight)
         if pending:
             ray.wait(pending, num_returns=len(pending), timeout=self.cfg["cluster"]["step_timeout_s"])

@@ -9,10 +9,10 @@ its weights at evaluation steps) to a small collector actor that the driver read
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import uuid
@@ -34,6 +34,8 @@ from hetbench.strategies.ray_train_collector import Collector
 from hetbench.strategies.roles import Replica
 from hetbench.train_state import load_train_state, train_state
 from hetbench.workload import build_optimizer
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote(num_cpus=0)
@@ -150,6 +152,16 @@ class RayTrainGloo(Strategy):
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
 
+    def __init__(self, cfg: dict) -> None:
+        super().__init__(cfg)
+        self.timeout_s = cfg["cluster"]["step_timeout_s"]
+        self.cluster = None  # the Ray connection, the collector actor, Ray Train's storage and its fit thread
+        self.collector = None
+        self.storage: str | None = None
+        self.fit: threading.Thread | None = None
+        self.held: tuple | None = None  # the (repeat, step) the ranks wait at, until the driver evaluated
+        self.snapshot = None  # the latest evaluated step's weights, from rank 0
+
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
@@ -157,7 +169,7 @@ class RayTrainGloo(Strategy):
         from hetbench.strategies.ray_train_backend import GlooTorchConfig
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
-        workers, self.timeout_s = self.cfg["workers"], self.cfg["cluster"]["step_timeout_s"]
+        workers = self.cfg["workers"]
         self.cluster = connect(self.cfg)
         self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
@@ -215,7 +227,7 @@ class RayTrainGloo(Strategy):
 
     def _release(self) -> None:
         """Let the ranks go on past the last evaluation step: the driver has evaluated by now."""
-        if getattr(self, "held", None) is not None:
+        if self.held is not None:
             self.collector.release.remote(self.held)
             self.held = None
 
@@ -230,7 +242,7 @@ class RayTrainGloo(Strategy):
             self.starts, total = starts, now() - started
             self._read_ready()
             self.events.append({"step": step, "restarted_from_step": resumed_from, "restarts": starts - 1})
-            print(f"{self.name}: Ray Train restarted the group; it went on from step {resumed_from}", file=sys.stderr)
+            log.info("%s: Ray Train restarted the group; it went on from step %s", self.name, resumed_from)
         split = next((t["split"] for t in timings.values() if "split" in t), None)
         if split is not None:  # the ranks re-split themselves after this step (gathered_split)
             self.events.append(resplit_event(self.cfg, step, split))
@@ -259,7 +271,7 @@ class RayTrainGloo(Strategy):
         return [dict(i) for i in self.info]
 
     def close(self) -> None:
-        collector, fit = getattr(self, "collector", None), getattr(self, "fit", None)
+        collector, fit = self.collector, self.fit
         if collector is not None:
             try:
                 ray.get(collector.request_stop.remote(), timeout=5)
@@ -267,11 +279,11 @@ class RayTrainGloo(Strategy):
                 pass
         if fit is not None:
             fit.join(timeout=30)
-        if getattr(self, "cluster", None):
+        if self.cluster:
             if fit is not None and fit.is_alive():  # a group that would not stop: Ray goes with it
                 self.cluster.close()
             elif self.cluster.kept and collector is not None:  # the run's Ray stays up: the collector must not
                 ray.kill(collector, no_restart=True)
             self.cluster.release()
-        if getattr(self, "storage", None):
+        if self.storage:
             shutil.rmtree(self.storage, ignore_errors=True)

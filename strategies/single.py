@@ -83,7 +83,7 @@ class Single(Strategy):
         return self.info
 
     def close(self) -> None:
-        if getattr(self, "placed", None):
+        if self.placed:
             self.placed.close()
 
     def _do(self, method: str, *args):

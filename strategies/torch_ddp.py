@@ -116,7 +116,7 @@ class TorchDDP(Strategy):
         return self.info
 
     def close(self) -> None:
-        if getattr(self, "placed", None):
+        if self.placed:
             self.placed.close()
 
     def _each(self, method: str, *args, doing: str = "") -> list:

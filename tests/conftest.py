@@ -15,6 +15,9 @@ from dataclasses import dataclass, field
 import pytest
 
 from helpers import REPO, SHARED_MNIST, CliResult
+from hetbench.cluster.ray_connection import use_ray_defaults
+
+use_ray_defaults()  # as the CLI does, before any test's Ray reads them
 
 
 def pytest_addoption(parser):

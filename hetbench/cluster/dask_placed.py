@@ -37,6 +37,13 @@ class Part:
 
 
 class DaskPlaced(Placed):
+    def __init__(self, cfg: dict, owner: str, ranks: list[int] | None = None) -> None:
+        super().__init__(cfg, owner, ranks)
+        self.joined = bool(cfg["cluster"]["dask_scheduler"])
+        self.client = None  # Dask's client, once started
+        self.local = None  # the LocalCluster this started, where none was joined
+        self.actors: list = []
+
     def start(self, role: type, coordinator: type | None) -> None:
         from distributed import Client, LocalCluster
 
@@ -44,8 +51,6 @@ class DaskPlaced(Placed):
         # exists, logs its cancel callback's NameError as "Exception in callback" with a traceback
         quiet_loggers("distributed", "tornado.application")
         cluster = self.cfg["cluster"]
-        self.local = None
-        self.joined = bool(cluster["dask_scheduler"])
         if self.joined:
             check_reachable(cluster["dask_scheduler"], cluster["connect_timeout_s"])
             self.client = Client(
@@ -182,10 +187,10 @@ class DaskPlaced(Placed):
 
     def close(self) -> None:
         self.actors = []
-        if getattr(self, "client", None) is not None:
+        if self.client is not None:
             self.client.close(timeout=10)
             self.client = None
-        if getattr(self, "local", None) is not None:
+        if self.local is not None:
             self.local.close(timeout=10)
             self.local = None
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
+import logging
 import time
 
 from hetbench.balance import split_batch
@@ -15,6 +15,8 @@ from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.ray_connection import connect
 from hetbench.errors import UserError
+
+log = logging.getLogger(__name__)
 
 REPORT_EVERY_S = 10.0
 
@@ -68,7 +70,7 @@ def wait_for_workers(cfg: dict) -> dict:
             if left <= 0:
                 break
             if time.monotonic() >= next_report:
-                print(f"waiting for {who} to join: {left:.0f} s left", file=sys.stderr, flush=True)
+                log.info("waiting for %s to join: %.0f s left", who, left)
                 next_report = time.monotonic() + REPORT_EVERY_S
             time.sleep(1.0)
     if not cluster["allow_missing"]:
@@ -79,7 +81,7 @@ def wait_for_workers(cfg: dict) -> dict:
     kept = [w for w in cfg["workers"] if w["node"] not in missing]
     if not kept:
         raise UserError(f"no worker's node joined within {cluster['wait_for_workers_s']:g} s: {who}")
-    print(f"running without {who} (cluster.allow_missing)", file=sys.stderr)
+    log.info("running without %s (cluster.allow_missing)", who)
     out = copy.deepcopy(cfg)
     out["workers"] = kept  # the global batch stays as configured, split as the kept workers' batches were
     for worker, batch in zip(kept, split_batch(cfg["batch_size"], [w["batch"] for w in kept])):

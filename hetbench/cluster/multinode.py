@@ -150,7 +150,7 @@ class LocalMultinode:
         log_file.close()
         if label is not None:
             self.node_procs.setdefault(label, []).append(self.procs[-1])
-        log.info("started %s (pid %d): %s", what, self.procs[-1].pid, " ".join(argv))
+        log.debug("started %s (pid %d): %s", what, self.procs[-1].pid, " ".join(argv))
 
     def _ray_node(self, label: str, args: list[str]) -> None:
         # every node takes all cores: on one box the emulated machines share them, as the workers' threads do

@@ -7,13 +7,15 @@ goes to the two addresses of each pair, which this module creates and removes.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
-import sys
 
 from hetbench.errors import UserError
+
+log = logging.getLogger(__name__)
 
 SUBNET = "10.231"  # link i: host side 10.231.i.1, namespace side 10.231.i.2 (/30)
 
@@ -61,7 +63,7 @@ def remove_leftovers() -> None:
         name = line.split(" ")[0]
         owner = re.fullmatch(r"hb(\d+)n(\d+)", name)
         if owner and not os.path.exists(f"/proc/{owner[1]}"):
-            print(f"notice: removing link namespace {name}, left by a run that is gone", file=sys.stderr)
+            log.info("notice: removing link namespace %s, left by a run that is gone", name)
             _remove(name, f"hb{owner[1]}h{owner[2]}")
 
 

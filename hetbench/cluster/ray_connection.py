@@ -22,6 +22,23 @@ RAY_ENV = {
     "RAY_TRAIN_V2_ENABLED": "1",  # 2.60's default, pinned: ray-train-gloo is written for V2
 }
 
+# Ray reads these once, when a process first starts or joins a cluster, so every way in sets them
+# first, unless the user chose otherwise: the CLI, connect(), the test suites.
+RAY_PROCESS_DEFAULTS = {
+    # a `ray start` head turns token auth on by default: every hetbench process, and every cluster it
+    # starts, uses token mode (the token itself is read when joining, so it can come later)
+    "RAY_AUTH_MODE": "token",
+    # nodes match at Python's minor release (3.11), not its patch: a Mac's Homebrew 3.11.y joins a
+    # desktop image's 3.11.x (one bytecode and pickle format per minor release); worker.py checks the
+    # minor release itself, with Ray, torch and hetbench's code
+    "RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL": "minor",
+}
+
+
+def use_ray_defaults() -> None:
+    for key, value in RAY_PROCESS_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
 
 @functools.cache
 def process_token() -> str:
@@ -102,11 +119,13 @@ class RayConnection:
     closed = False
 
     def __init__(self, cfg: dict, labels: set[str]) -> None:
+        use_ray_defaults()  # before Ray reads them, in a process that came in through none of the others
         import ray
 
         from hetbench.cluster.ray_hosts import HostPool
 
         self.ray, self.labels = ray, labels
+        self.temp_dir: str | None = None  # a private cluster's session files, where this starts one
         self.hosts = HostPool()  # the worker processes rows hand on to each other (kept connections)
         self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
         os.environ.update(RAY_ENV)
@@ -189,7 +208,7 @@ class RayConnection:
             self.hosts.close()
             self.ray.shutdown()
         self._keep_sigterm()
-        if getattr(self, "temp_dir", None):
+        if self.temp_dir:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
         for key, value in self.saved_env.items():
             if value is None:

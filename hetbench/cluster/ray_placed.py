@@ -18,9 +18,15 @@ DRIVER_NODE = "the driver's node"  # where a coordinator's host runs, as the poo
 
 
 class RayPlaced(Placed):
+    def __init__(self, cfg: dict, owner: str, ranks: list[int] | None = None) -> None:
+        super().__init__(cfg, owner, ranks)
+        self.timeout_s = cfg["cluster"]["step_timeout_s"]
+        self.joined = bool(cfg["cluster"]["ray_address"])
+        self.connection = None  # Ray, joined or started (ray_connection.connect), once started
+        self.actors: list = []  # the workers' host actors, in rank order
+        self.coordinator = None  # the parameter server's host actor, on the driver's node
+
     def start(self, role: type, coordinator: type | None) -> None:
-        self.timeout_s = self.cfg["cluster"]["step_timeout_s"]
-        self.joined = bool(self.cfg["cluster"]["ray_address"])
         self.connection = connect(self.cfg)
         self.driver_node = ray.get_runtime_context().get_node_id()
         pool = self.connection.hosts
@@ -93,10 +99,10 @@ class RayPlaced(Placed):
         del self.actors[rank]
 
     def close(self) -> None:
-        if getattr(self, "connection", None):
+        if self.connection:
             if self.connection.kept:  # the run's Ray stays up: its hosts serve the next row
-                hosts = [(spec["node"], a) for spec, a in zip(self.specs, getattr(self, "actors", []))]
-                if getattr(self, "coordinator", None):
+                hosts = [(spec["node"], a) for spec, a in zip(self.specs, self.actors)]
+                if self.coordinator:
                     hosts.append((DRIVER_NODE, self.coordinator))
                 self.connection.hosts.give_back(hosts)
             self.connection.release()

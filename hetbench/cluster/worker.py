@@ -10,10 +10,10 @@ again; Ctrl-C, SIGTERM, or the Dask worker ending stops both, by PID, with their
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -30,6 +30,8 @@ from hetbench.cluster.join_checks import (
 from hetbench.cluster.nodes import DASK_NODE_ENV, DASK_WORKER_PORT, dask_worker_argv, fixed_port_args, ray_node_argv
 from hetbench.cluster.processes import stop_trees
 from hetbench.errors import UserError
+
+log = logging.getLogger(__name__)
 
 REJOINS = 5  # times the Ray node is started again after the head dropped it (a Mac that slept)
 TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # the Ray node's only
@@ -119,4 +121,4 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
 
 
 def say(line: str) -> None:
-    print(f"hetbench worker: {line}", file=sys.stderr, flush=True)
+    log.info("hetbench worker: %s", line)
