@@ -196,22 +196,17 @@ class _Stderr(logging.StreamHandler):
         pass
 
 
-class _Lines(logging.Formatter):
-    """hetbench's own lines as the user reads them; a library's with its level and name."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        if record.name.partition(".")[0] == "hetbench":
-            return record.getMessage()
-        return f"{record.levelname} {record.name}: {record.getMessage()}"
-
-
 def configure_logging(verbose: bool) -> None:
-    """hetbench's progress and notices always (its debug lines with -v); libraries' warnings (all their
-    lines with -v). A process whose logging is set up already (a test's) keeps its handlers."""
-    handler = _Stderr()
-    handler.setFormatter(_Lines())
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, handlers=[handler])
-    logging.getLogger("hetbench").setLevel(logging.DEBUG if verbose else logging.INFO)
+    """hetbench's own lines (progress, notices) as the user reads them, its debug lines with -v; a
+    library's warnings with their level and name (all their lines with -v)."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
+    ours, handler = logging.getLogger("hetbench"), _Stderr()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    ours.handlers[:] = [handler]
+    ours.setLevel(logging.DEBUG if verbose else logging.INFO)
+    ours.propagate = False
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,6 +8,7 @@ Tiers (dask/distributed's convention): `pytest -q` runs the fast tier; tests mar
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ def _offline_data(monkeypatch):
 @pytest.fixture
 def cli(capsys, monkeypatch):
     """`hetbench ARGS...` run in this process from the checkout, as a user types it: its exit code,
-    stdout and stderr. The SIGTERM handler and unraisable hook main() installs are put back.
+    stdout and stderr. The SIGTERM handler and unraisable hook main() installs, and its logging, are put back.
     (Three subprocess smokes in test_cli.py prove the console script itself.)"""
     from hetbench.cli import main
 
@@ -57,6 +58,8 @@ def cli(capsys, monkeypatch):
 
     def call(*args: str) -> CliResult:
         sigterm, hook = signal.getsignal(signal.SIGTERM), sys.unraisablehook
+        ours = logging.getLogger("hetbench")  # main() sends its lines to stderr: caplog sees them again after
+        kept = ours.handlers[:], ours.level, ours.propagate
         capsys.readouterr()
         try:
             code = main(list(args))
@@ -65,6 +68,8 @@ def cli(capsys, monkeypatch):
         finally:
             signal.signal(signal.SIGTERM, sigterm)
             sys.unraisablehook = hook
+            ours.handlers[:], ours.propagate = kept[0], kept[2]
+            ours.setLevel(kept[1])
         out, err = capsys.readouterr()
         return CliResult(code, out, err)
 
