@@ -35,7 +35,7 @@ def balanced(cfg: dict, balance: str, measured: dict[str, float] | None = None) 
 
     equal: as validated (the configured batches, else an equal split); proportional: by each
     worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`), which
-    the runner corrects at the end of warm-up (base.resplit_due).
+    the runner corrects at the end of warm-up (training.Schedule.resplits).
     """
     out = copy.deepcopy(cfg)
     out["balance"] = [balance]
@@ -61,16 +61,6 @@ def speed_split(global_batch: int, batches: list[int], computes: list[list[float
     if max(abs(n - b) for n, b in zip(new, batches)) < REBALANCE_MIN_SHIFT * global_batch:
         return None
     return new
-
-
-def resplit_due(cfg: dict, step: int, window_steps: int) -> bool:
-    """Whether the split is re-derived after `step`, `window_steps` steps since it last changed
-    (this one included): every rebalance_every steps, and for `auto` once at the end of warm-up.
-    auto's first split comes from each worker timed alone; in the run the workers share the
-    machine (and pay per-step costs) as they did not alone, and the warm-up steps show it."""
-    if 0 < cfg["rebalance_every"] <= window_steps:
-        return True
-    return cfg["balance"] == ["auto"] and step == cfg["warmup_steps"] - 1
 
 
 def resplit_event(cfg: dict, step: int, split: dict[str, int]) -> dict:

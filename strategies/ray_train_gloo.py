@@ -20,19 +20,19 @@ import uuid
 import ray
 import torch
 
-from hetbench.balance import resplit_due, resplit_event, speed_split
+from hetbench.balance import resplit_event, speed_split
 from hetbench.clock import now
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import WIRE_DTYPES, batch_shares, from_buffer, weighted_allreduce
-from hetbench.schedule import repeat_steps
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.ray_train_collector import Collector
 from hetbench.strategies.roles import Replica
 from hetbench.train_state import load_train_state, train_state
+from hetbench.training import Schedule
 from hetbench.workload import build_optimizer
 
 log = logging.getLogger(__name__)
@@ -90,12 +90,11 @@ def train_loop(config: dict) -> None:
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
     first_repeat, first_step, state = ray.get(collector.begin.remote(rank))
-    every = cfg["checkpoint_every"] or cfg["eval_every"]
+    schedule, every = Schedule.of(cfg), cfg["checkpoint_every"] or cfg["eval_every"]
     keep_state = rank == 0 and bool(cfg["faults"] or cfg["checkpoint_every"])
     for repeat in range(first_repeat, cfg["repeats"]):
         replica.reset(cfg["seed"] + repeat)
-        steps, evaluates = repeat_steps(cfg, repeat)
-        total = cfg["warmup_steps"] + steps
+        total = schedule.total(repeat)
         flat = replica.flat
         optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
         staging = torch.zeros(flat.params.numel(), dtype=WIRE_DTYPES[cfg["wire_dtype"]])
@@ -117,13 +116,13 @@ def train_loop(config: dict) -> None:
             own_s = compute_s + (updated - reduced)
             window.append(own_s)
             split = None
-            if resplit_due(cfg, step, len(window)):  # (4) a new split by the speeds in the run
+            if schedule.resplits(step, len(window)):  # (4) a new split by the speeds in the run
                 split, window = gathered_split(cfg, replica, window), []
                 if split is not None:
                     replica.resplit(split, index)
                     share = batch_shares(split)[index]
             end = now(device)
-            evaluated = evaluates and ((step + 1) % cfg["eval_every"] == 0 or step + 1 == total)
+            evaluated = schedule.evaluates(repeat, step)
             timing = {
                 "compute_s": own_s,
                 "comm_s": (reduced - computed) + (end - updated),
@@ -137,7 +136,7 @@ def train_loop(config: dict) -> None:
             )
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
             # its evaluation never competes with training for the cores
-            if keep_state and (step + 1) % every == 0 and step + 1 < total:
+            if keep_state and schedule.due(every, repeat, step):
                 collector.save_state.remote(repeat, step + 1, train_state(flat, optimizer))
             if evaluated and ray.get(collector.hold.remote((repeat, step), cfg["cluster"]["step_timeout_s"])):
                 return

@@ -10,7 +10,8 @@ import torch
 
 from helpers import check_a_killed_worker_is_survived, registered, small_config
 from hetbench.errors import UserError
-from hetbench.runner import faults_for, run
+from hetbench.runner import run
+from hetbench.scenarios import faults_for, skipped_features
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServerDriver
 
@@ -61,11 +62,11 @@ def test_a_strategy_that_cannot_survive_gets_no_fault_and_says_so(tmp_path):
         name = "fragile"
 
     cfg = small_config(tmp_path, TWO, KILL_SMALL)
-    assert faults_for(Fragile, cfg) == (
-        [],
-        {"faults_skipped": "fragile does not survive a lost worker yet: faults not injected"},
-    )
-    assert faults_for(Single, cfg) == ([], {})  # the baseline has no workers to lose
+    assert faults_for(Fragile, cfg) == []
+    assert skipped_features(Fragile, cfg) == {
+        "faults_skipped": "fragile does not survive a lost worker yet: faults not injected"
+    }
+    assert faults_for(Single, cfg) == [] and skipped_features(Single, cfg) == {}  # the baseline has no workers to lose
 
 
 @pytest.mark.parametrize(

@@ -13,10 +13,10 @@ import hetbench
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
     {"errors", "inputs", "identity", "devices", "clock", "progress", "step_timing"},
-    {"data", "workload", "gradients", "balance", "train_state", "schedule"},
+    {"data", "workload", "gradients", "balance", "train_state", "training"},
     {"transport", "cluster"},
     {"strategies", "floor", "standalone"},
-    {"config"},
+    {"config", "scenarios"},
     {"results"},
     {"runner"},
     {"cli", "__main__"},

@@ -5,10 +5,11 @@ import json
 import pytest
 
 from helpers import small_config
-from hetbench.balance import resplit_due, resplit_event
+from hetbench.balance import resplit_event
 from hetbench.runner import run
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
+from hetbench.training import Schedule
 
 
 class Splittable(Strategy):
@@ -75,11 +76,11 @@ def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name, shared
 
 def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(tmp_path):
     auto = small_config(tmp_path, "balance=[auto]", "standalone_steps=2", "warmup_steps=3", "rebalance_every=0")
-    assert [step for step in range(10) if resplit_due(auto, step, step + 1)] == [2]
+    assert [step for step in range(10) if Schedule.of(auto).resplits(step, step + 1)] == [2]
     equal = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=0")
-    assert not any(resplit_due(equal, step, step + 1) for step in range(10))
+    assert not any(Schedule.of(equal).resplits(step, step + 1) for step in range(10))
     every = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=4")
-    assert [resplit_due(every, step, n) for step, n in ((3, 3), (3, 4), (9, 5))] == [False, True, True]
+    assert [Schedule.of(every).resplits(step, n) for step, n in ((3, 3), (3, 4), (9, 5))] == [False, True, True]
     assert resplit_event(auto, 2, {"a": 1}) == {"step": 2, "rebalanced": {"a": 1}, "in_warmup": True}
     assert resplit_event(auto, 3, {"a": 1}) == {"step": 3, "rebalanced": {"a": 1}}
 

@@ -6,7 +6,8 @@ import os
 
 from helpers import small_config
 from hetbench.floor import floor_ranks
-from hetbench.runner import reference_first, run
+from hetbench.runner import run
+from hetbench.scenarios import reference_first
 
 MAC_FIRST = "workers=[{name: m, node: mac, batch: 16}, {name: d, node: desktop, batch: 8}]"
 

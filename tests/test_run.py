@@ -9,8 +9,10 @@ import pytest
 from helpers import sets, small_config
 from hetbench import runner
 from hetbench.cluster.ray_connection import RayConnection
+from hetbench.results.rows import step_summary
 from hetbench.runner import run
 from hetbench.strategies import registry
+from hetbench.training import Schedule, train_repeat
 
 
 def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, shared_cluster):
@@ -166,8 +168,8 @@ def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_ste
 
     quiet, exchange = StepTiming({"w": 0.1}, 0.0, 0.0, 0.1), StepTiming({"w": 0.1}, 0.3, 0.0, 0.4)
     round_of_four = [quiet, quiet, quiet, exchange]
-    assert runner.step_summary(round_of_four)["sync_overhead_s"] == 0  # the median step exchanges nothing
-    summary = runner.step_summary(round_of_four, exchange_every=4)
+    assert step_summary(round_of_four)["sync_overhead_s"] == 0  # the median step exchanges nothing
+    summary = step_summary(round_of_four, exchange_every=4)
     assert summary["sync_overhead_s"] == pytest.approx(0.075) and summary["total_s"] == pytest.approx(0.175)
 
 
@@ -194,5 +196,5 @@ def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
     strategy = Recorder(cfg)
     strategy.thens = []
     with Progress("recorder", 4, 1) as bar:
-        runner.train_repeat(strategy, cfg, None, 0, bar)
+        train_repeat(strategy, Schedule.of(cfg), 0, None, bar, seed=0, samples_per_step=cfg["batch_size"])
     assert strategy.thens == [1, 2, 3, None]

@@ -1,0 +1,123 @@
+"""A row's record from its repeats: medians and spread, the typical step, each worker's figures,
+scaling efficiency against the workers timed alone."""
+
+from __future__ import annotations
+
+import logging
+import statistics
+
+import torch
+
+from hetbench.clock import cv, median
+from hetbench.cluster.processes import peak_rss_mb
+from hetbench.gradients import WIRE_DTYPES, count_parameters
+from hetbench.results.records import RecordFile, redacted
+from hetbench.results.report import alone
+from hetbench.scenarios import row_fields
+from hetbench.standalone import speeds
+from hetbench.step_timing import StepTiming
+from hetbench.strategies.base import Strategy
+from hetbench.strategies.registry import BASELINE
+from hetbench.workload import Net
+
+log = logging.getLogger(__name__)
+
+
+def base_row(name: str, cfg: dict, env: dict) -> dict:
+    """What every row's record starts with, whatever became of it."""
+    return {"strategy": name, "config": redacted(cfg), "env": env, **row_fields(name, cfg)}
+
+
+def failed_row(name: str, cfg: dict, env: dict, reason: str) -> dict:
+    return {**base_row(name, cfg, env), "status": "failed", "reason": reason, "workers": []}
+
+
+def strategy_row(
+    base: dict, strategy: Strategy, workers: list[dict], repeats: list[dict], startup_s: float, standalone: dict | None
+) -> dict:
+    """The record of a row whose repeats finished: `workers` as the strategy reported them before it
+    closed (its attributes are still read)."""
+    cfg = strategy.cfg
+    timed = [t for r in repeats for t in r["timed"]]
+    worker_figures(workers, timed, strategy.floor_transfers, cfg["wire_dtype"])
+    evaluated = [r for r in repeats if r["final_accuracy"] is not None]
+    reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
+    samples_per_s = median([r["samples_per_s"] for r in repeats])
+    transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg["wire_dtype"]].itemsize
+    return {
+        **base,
+        "status": "ok",
+        "workers": workers,
+        "samples_per_s": samples_per_s,
+        # in float32 all-reduces of the model, as the floor times them: a narrower wire moves less
+        "floor_transfers": transfers and transfers * width / torch.float32.itemsize,
+        "table_note": strategy.table_note or None,
+        **scaling(strategy.name, workers, samples_per_s, standalone),
+        "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
+        "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],
+        "repeat_timed_steps": [len(r["timed"]) for r in repeats],
+        "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
+        "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
+        "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
+        "target_accuracy": cfg["target_accuracy"],
+        "startup_s": startup_s,
+        "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
+        "step": step_summary(timed, strategy.exchange_every),
+        "accuracy_curve": repeats[0]["curve"],
+    }
+
+
+def worker_figures(workers: list[dict], timed: list[StepTiming], transfers: float | None, wire_dtype: str) -> None:
+    """Each worker's compute, what it delivers in the run and could alone, and its bytes on the wire."""
+    for w in workers:
+        mine = [t for t in timed if w["name"] in t.compute_s]  # a lost worker: the steps it was in
+        if not mine:
+            continue
+        compute = median([t.compute_s[w["name"]] for t in mine])
+        w["compute_s"] = compute
+        w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
+        w["compute_samples_per_s"] = w["batch"] / compute  # what it could alone
+    model_bytes = count_parameters(Net()) * WIRE_DTYPES[wire_dtype].itemsize
+    for w in workers:  # what each worker's step sends and receives between machines, by value
+        by_value = transfers and w.get("transport") != "shared memory"
+        w["wire_bytes_per_step"] = transfers * model_bytes if by_value else 0
+
+
+def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> dict:
+    """The typical step: the median, or a round's mean where only every `exchange_every`-th step exchanges."""
+    typical = median if exchange_every == 1 else statistics.fmean
+    return {
+        "compute_s": typical([max(t.compute_s.values()) for t in timed]),
+        "comm_s": typical([t.comm_s for t in timed]),
+        "wait_s": typical([t.wait_s for t in timed]),
+        "total_s": typical([t.total_s for t in timed]),
+        "sync_overhead_s": typical([t.sync_overhead_s for t in timed]),
+        "update_s": typical([t.update_s for t in timed]),
+        "exchange_every": exchange_every,
+    }
+
+
+def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: dict | None) -> dict:
+    """Scaling efficiency: measured throughput over the sum of the workers' throughputs alone."""
+    if name == BASELINE or not standalone:
+        return {}
+    for w in workers:
+        w["standalone_samples_per_s"] = standalone[w["name"]]
+    alone_sum = sum(w["standalone_samples_per_s"] for w in workers)
+    return {"standalone_sum_samples_per_s": alone_sum, "scaling_efficiency": samples_per_s / alone_sum}
+
+
+def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
+    """Scaling efficiency against each worker timed alone at the start and at the end of the run (the
+    median of both): the rows ran in between, so the machine's drift moves their reference with them."""
+    reference = speeds(at_start, at_end)
+    timings = {name: {"start": at_start[name], "end": at_end[name]} for name in at_start}
+    for record in out.records:
+        if "scaling_efficiency" in record:
+            record.update(
+                scaling(record["strategy"], record["workers"], record["samples_per_s"], reference),
+                standalone_timings=timings,
+            )
+    out.save()
+    if line := alone(out.records).strip():
+        log.info(line)

@@ -1,0 +1,95 @@
+"""A run's rows as data: which strategy, with which batch split, on which reference machine."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from hetbench.balance import balanced
+from hetbench.strategies.base import Strategy
+from hetbench.strategies.registry import BASELINE
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One row: a strategy and the balance it splits the batch by (None: the baseline, the whole
+    batch on the reference worker's device)."""
+
+    strategy: str
+    balance: str | None
+
+    @property
+    def label(self) -> str:
+        """As the progress line and the log name it."""
+        return self.strategy if self.balance is None else f"{self.strategy} [{self.balance}]"
+
+    @property
+    def key(self) -> str:
+        """Its name in checkpoints: the strategy, and the balance it ran with."""
+        return self.strategy if self.balance is None else f"{self.strategy}-{self.balance}"
+
+    def config(self, cfg: dict, standalone: dict | None) -> tuple[dict, dict | None]:
+        """The row's config (the split it runs with, or the reference worker first), and for the
+        baseline what the record says of its reference."""
+        if self.strategy == BASELINE:
+            return reference_first(cfg, standalone)
+        return balanced(cfg, self.balance, standalone), None
+
+
+def planned(cfg: dict) -> list[Scenario]:
+    """In run order: each distributed strategy once per balance, the baseline once."""
+    return [
+        Scenario(name, None) if name == BASELINE else Scenario(name, balance)
+        for name in cfg["strategies"]
+        for balance in ([None] if name == BASELINE else cfg["balance"])
+    ]
+
+
+def row_fields(name: str, cfg: dict) -> dict:
+    """What distinguishes a row in its record: the batch split (baseline: the whole batch on one device)."""
+    if name == BASELINE:
+        return {"balance": None, "split": [cfg["batch_size"]]}
+    return {"balance": cfg["balance"][0], "split": [w["batch"] for w in cfg["workers"]]}
+
+
+def reference_first(cfg: dict, standalone: dict | None) -> tuple[dict, dict]:
+    """The config with the reference machine's worker first, where the baseline runs (the fastest
+    worker alone, measured in this run, else the first configured one), and what the record says of it."""
+    workers = cfg["workers"]
+    if not standalone:
+        return cfg, {"worker": workers[0]["name"], "chosen_by": "first configured worker"}
+    best = max(workers, key=lambda w: standalone[w["name"]])  # the first of equals
+    reordered = [best, *(w for w in workers if w is not best)]
+    return {**cfg, "workers": reordered}, {"worker": best["name"], "chosen_by": "fastest alone in this run"}
+
+
+def wants_standalone(cfg: dict) -> bool:
+    """Whether each worker is timed alone around the rows (auto's split, scaling efficiency)."""
+    return (
+        bool(cfg["standalone_steps"])
+        and len(cfg["workers"]) > 1
+        and any(name != BASELINE for name in cfg["strategies"])
+    )
+
+
+def skipped_features(cls: type[Strategy], cfg: dict) -> dict:
+    """What the config asks that this strategy cannot do yet, as the record's notes (and a log line each)."""
+    notes = {}
+    if cfg["faults"] and cls.distributed and not cls.survives_worker_loss:
+        notes["faults_skipped"] = f"{cls.name} does not survive a lost worker yet: faults not injected"
+    if cfg["checkpoint_every"] and not cls.resumable:
+        notes["checkpoints_skipped"] = f"{cls.name} cannot be resumed with --resume yet: no checkpoint of it is kept"
+    if cfg["rebalance_every"] and cls.distributed and not cls.rebalances:
+        notes["rebalance_skipped"] = (
+            f"{cls.name} cannot re-split its batch between steps yet: rebalance_every not applied"
+        )
+    for note in notes.values():
+        log.info(note)
+    return notes
+
+
+def faults_for(cls: type[Strategy], cfg: dict) -> list[dict]:
+    """The faults this strategy gets, in its first repeat."""
+    return cfg["faults"] if cls.distributed and cls.survives_worker_loss else []

@@ -1,0 +1,182 @@
+"""The training loop every row runs, and its Schedule: which steps a repeat trains, and which of them
+are timed, evaluated, checkpointed and re-split. ray-train-gloo's ranks run their own loop, on the
+same Schedule."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+
+import torch
+
+from hetbench.clock import now
+from hetbench.data import Split
+from hetbench.errors import stop_if_interrupted
+from hetbench.gradients import FlatModel
+from hetbench.step_timing import StepTiming
+from hetbench.workload import Net, accuracy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    warmup_steps: int  # untimed steps first (they still train)
+    steps: int  # timed steps of an evaluated repeat
+    speed_steps: int  # timed steps of the repeats after the first, unevaluated; 0 = all evaluated
+    eval_every: int  # test accuracy every N steps
+    checkpoint_every: int  # a checkpoint every N steps; 0 = none
+    rebalance_every: int  # a new split by the workers' speeds every N steps; 0 = never
+    auto_balance: bool  # the split came from speeds measured alone: corrected once, at warm-up's end
+
+    @classmethod
+    def of(cls, cfg: dict) -> Schedule:
+        return cls(
+            warmup_steps=cfg["warmup_steps"],
+            steps=cfg["steps"],
+            speed_steps=cfg["speed_steps"],
+            eval_every=cfg["eval_every"],
+            checkpoint_every=cfg["checkpoint_every"],
+            rebalance_every=cfg["rebalance_every"],
+            auto_balance=cfg["balance"] == ["auto"],
+        )
+
+    def evaluated(self, repeat: int) -> bool:
+        """Every repeat's accuracy is checked; with speed_steps only the first's (samples/s needs none)."""
+        return repeat == 0 or not self.speed_steps
+
+    def total(self, repeat: int) -> int:
+        return self.warmup_steps + (self.steps if self.evaluated(repeat) else self.speed_steps)
+
+    def timed(self, step: int) -> bool:
+        return step >= self.warmup_steps
+
+    def evaluates(self, repeat: int, step: int) -> bool:
+        """After `step`: every eval_every steps, and at the end, of an evaluated repeat."""
+        return self.evaluated(repeat) and ((step + 1) % self.eval_every == 0 or step + 1 == self.total(repeat))
+
+    def due(self, every: int, repeat: int, step: int) -> bool:
+        """After `step`, every `every` steps, unless the repeat ends there (its end is recorded anyway)."""
+        return bool(every) and (step + 1) % every == 0 and step + 1 < self.total(repeat)
+
+    def checkpoints(self, repeat: int, step: int) -> bool:
+        return self.due(self.checkpoint_every, repeat, step)
+
+    def resplits(self, step: int, window_steps: int) -> bool:
+        """Whether the split is re-derived after `step`, `window_steps` steps since it last changed
+        (this one included): every rebalance_every steps, and for `auto` once at the end of warm-up.
+        auto's first split comes from each worker timed alone; in the run the workers share the
+        machine (and pay per-step costs) as they did not alone, and the warm-up steps show it."""
+        if 0 < self.rebalance_every <= window_steps:
+            return True
+        return self.auto_balance and step == self.warmup_steps - 1
+
+
+class Evaluator:
+    """Test accuracy of flat weights on the driver's CPU; its time never counts as training."""
+
+    def __init__(self, test: Split, cfg: dict) -> None:
+        self.images, self.labels = test.tensors("cpu")
+        self.flat = FlatModel(Net(cfg["dropout"]))
+        self.quick = min(cfg["eval_samples"], len(self.labels))
+        self.final = min(cfg["test_samples"] or len(self.labels), len(self.labels))
+        self.target = cfg["target_accuracy"]
+
+    def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
+        self.flat.load_params(weights)
+        n = self.final if full else self.quick
+        return accuracy(self.flat.model, self.images[:n], self.labels[:n])
+
+
+def train_repeat(
+    strategy,
+    schedule: Schedule,
+    repeat: int,
+    evaluate: Evaluator | None,
+    bar,
+    seed: int,
+    samples_per_step: int,
+    faults=(),
+    save=None,
+    resume: dict | None = None,
+    cluster=None,
+) -> dict:
+    """One repeat of a started strategy (strategies/base.py): warm-up and timed steps from a fresh
+    model (or from `resume`, a checkpoint of this repeat); accuracy checked off the clock where the
+    schedule says (never, without `evaluate`); `save(progress)` at its checkpoints; `faults`
+    injected at their steps."""
+    strategy.reset(seed)
+    progress = {"next_step": 0, "train_s": 0.0, "timed": [], "curve": [], "time_to_target_s": None}
+    if resume:
+        strategy.load_state(resume["state"])
+        progress = {k: resume[k] for k in progress}
+        bar.update(progress["next_step"], resumed=True)
+    timed, curve = progress["timed"], progress["curve"]
+    clock, time_to_target = progress["train_s"], progress["time_to_target_s"]
+    total = schedule.total(repeat)
+    window: list[StepTiming] = []  # the steps since the split last changed: the speeds a re-split goes by
+    for step in range(progress["next_step"], total):
+        stop_if_interrupted()
+        for fault in faults:
+            if fault["at_step"] == step:
+                inject(strategy, fault, step, cluster)
+        evaluating = evaluate is not None and schedule.evaluates(repeat, step)
+        saving = save is not None and schedule.checkpoints(repeat, step)
+        rebalancing = strategy.rebalances and schedule.resplits(step, len(window) + 1)
+        last = step + 1 == total  # nothing follows it: a step started past the end would hold the next reset
+        pausing = last or evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
+        seen = len(strategy.events)
+        timing = strategy.step(step, None if pausing else step + 1)
+        disruptions = [event for event in strategy.events[seen:] if "rebalanced" not in event]
+        for event in disruptions:  # what a loss or restart cost: the whole step it happened in
+            event["step_s"] = timing.total_s
+        window = [] if disruptions else [*window, timing]  # a loss re-split it
+        if rebalancing and window:
+            started = now()
+            strategy.rebalance(step, window)
+            # telling the workers their new batches is training time: it counts in this step
+            spent = now() - started
+            timing = replace(timing, comm_s=timing.comm_s + spent, total_s=timing.total_s + spent)
+            window = []
+        clock += timing.total_s  # the training clock: warm-up steps train too, so they count here
+        if schedule.timed(step):
+            timed.append(timing)
+        if evaluating:
+            acc = evaluate(strategy.weights())
+            curve.append({"step": step + 1, "train_s": clock, "accuracy": acc})
+            if time_to_target is None and acc >= evaluate.target:
+                time_to_target = clock
+        if saving:
+            save(
+                {
+                    "next_step": step + 1,
+                    "train_s": clock,
+                    "timed": timed,
+                    "curve": curve,
+                    "time_to_target_s": time_to_target,
+                    "state": strategy.state(),
+                }
+            )
+        bar.update(1)
+    timed_s = sum(t.total_s for t in timed)
+    evaluated = evaluate is not None and schedule.evaluated(repeat)
+    return {
+        "samples_per_s": samples_per_step * len(timed) / timed_s,
+        "timed": timed,
+        "curve": curve,
+        "time_to_target_s": time_to_target,
+        "final_accuracy": evaluate(strategy.weights(), full=True) if evaluated else None,
+    }
+
+
+def inject(strategy, fault: dict, step: int, cluster=None) -> None:
+    """A configured fault, for real: a worker's process, or a whole local node's processes, end now;
+    the strategy's next step finds its workers lost."""
+    log.info("%s: injecting fault at step %d: kill %s '%s'", strategy.name, step, fault["kill"], fault["target"])
+    if fault["kill"] == "node":
+        cluster.kill_node(fault["target"])
+    elif fault["kill"] == "link":
+        cluster.cut_link(fault["target"])
+    else:
+        strategy.kill_worker(fault["target"])
+    strategy.events.append({"step": step, "injected": f"kill {fault['kill']} {fault['target']}"})
