@@ -24,12 +24,12 @@ from hetbench.workload import build_model, build_optimizer, loss_fn
 
 def plain_loop(images, labels, batch, steps, device, cfg):
     """pytorch/examples mnist/main.py's inner loop, nothing else."""
-    model = build_model(cfg["dropout"], cfg["seed"]).to(device)
-    optimizer = build_optimizer(model.parameters(), cfg["optimizer"], cfg["lr"])
+    model = build_model(cfg.run.dropout, cfg.run.seed).to(device)
+    optimizer = build_optimizer(model.parameters(), cfg.run.optimizer, cfg.run.lr)
     model.train()
     times = []
     for step in range(steps):
-        index = torch.from_numpy(step_indices(len(labels), batch, cfg["seed"], step)).to(device)
+        index = torch.from_numpy(step_indices(len(labels), batch, cfg.run.seed, step)).to(device)
         start = now(device)
         data, target = images[index], labels[index]
         optimizer.zero_grad()
@@ -44,7 +44,7 @@ def hetbench_single(cfg, steps):
     strategy = Single(cfg)
     try:
         strategy.start()
-        strategy.reset(cfg["seed"])
+        strategy.reset(cfg.run.seed)
         return [strategy.step(step).total_s for step in range(steps)]
     finally:
         strategy.close()
@@ -59,7 +59,7 @@ def main() -> None:
     args = ap.parse_args()
     cfg = load_config(None, [f"workers=[{{batch: {args.batch}, device: {args.device}}}]"])
     device = resolve_device(args.device)
-    images, labels = cached_mnist(cfg)[0].tensors(device)
+    images, labels = cached_mnist(cfg.run)[0].tensors(device)
     plain, ours = [], []
     for r in range(args.rounds):  # ABBA order: neither loop always runs first
         pair = [

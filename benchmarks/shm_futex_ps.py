@@ -45,19 +45,19 @@ def timings(path: str, slots: int) -> torch.Tensor:
 def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
     torch.set_num_threads(1)  # two workers on two cores, as workers_per_host gives them in local mode
     keep_freed_memory()
-    batches = [w["batch"] for w in cfg["workers"]]
+    batches = [w.batch for w in cfg.workers]
     shared, computes = (
-        HostBuffers.attach(paths[0], cfg["numel"], len(batches), LIMIT_S),
+        HostBuffers.attach(paths[0], count_parameters(build_model(cfg.run.dropout, 0)), len(batches), LIMIT_S),
         timings(paths[1], len(batches)),
     )
-    flat = FlatModel(build_model(cfg["dropout"], cfg["seed"]))
-    images, labels = cached_mnist(cfg, announce=False)[0].tensors(torch.device("cpu"))
+    flat = FlatModel(build_model(cfg.run.dropout, cfg.run.seed))
+    images, labels = cached_mnist(cfg.run, announce=False)[0].tensors(torch.device("cpu"))
     share = batch_shares(batches)[rank]
     for step in range(steps):
         shared.wait_weights(step)
         flat.load_params(shared.weights)
         index = torch.from_numpy(
-            worker_slice(step_indices(len(labels), cfg["batch_size"], cfg["seed"], step), batches, rank)
+            worker_slice(step_indices(len(labels), cfg.run.batch_size, cfg.run.seed, step), batches, rank)
         )
         start = time.perf_counter()
         flat.zero_grad()
@@ -69,15 +69,15 @@ def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
 
 def server_round(cfg: dict, steps: int, warmup: int) -> list[tuple[float, float, float]]:
     """(step s, sync overhead s, update s) per timed step of one run of `steps` steps."""
-    slots = len(cfg["workers"])
-    shared = HostBuffers.create(cfg["numel"], slots, LIMIT_S)
+    slots = len(cfg.workers)
+    shared = HostBuffers.create(count_parameters(build_model(cfg.run.dropout, 0)), slots, LIMIT_S)
     fd, timings_path = tempfile.mkstemp(prefix="hetbench-", dir="/dev/shm")
     os.close(fd)
     computes = timings(timings_path, slots)
     procs = []
     try:
-        flat = FlatModel(build_model(cfg["dropout"], cfg["seed"]), shared.weights)
-        optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
+        flat = FlatModel(build_model(cfg.run.dropout, cfg.run.seed), shared.weights)
+        optimizer = build_optimizer(flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
         procs = [
             mp.get_context("spawn").Process(target=worker, args=(cfg, r, (shared.path, timings_path), steps))
             for r in range(slots)
@@ -120,10 +120,10 @@ def main() -> None:
         ap.error("the shared-memory hand-off needs Linux on x86-64")
     workers = ", ".join(f"{{batch: {b}}}" for b in args.batches)
     cfg = load_config(None, [f"workers=[{workers}]"])
-    cfg["numel"] = count_parameters(build_model(cfg["dropout"], cfg["seed"]))
-    cached_mnist(cfg)  # load (and announce) the data once, before any clock runs
+    numel = count_parameters(build_model(cfg.run.dropout, cfg.run.seed))
+    cached_mnist(cfg.run)  # load (and announce) the data once, before any clock runs
     rounds = [server_round(cfg, args.steps + 5, 5) for _ in range(args.rounds)]
-    floor = measure_floor(cfg, cfg["numel"])["allreduce_s"]  # two local processes, as the workers here
+    floor = measure_floor(cfg, numel)["allreduce_s"]  # two local processes, as the workers here
     steps, overheads, updates = (median([median([t[i] for t in r]) for r in rounds]) for i in range(3))
     per_round = [median([t[1] for t in r]) for r in rounds]
     env = environment()

@@ -13,13 +13,13 @@ import os
 
 import pytest
 
-from hetbench.balance import balanced
 from hetbench.clock import median
 from hetbench.config import load_config
 from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import count_parameters
+from hetbench.scenarios import balanced
 from hetbench.step_timing import StepTiming
-from hetbench.strategies.registry import BASELINE, STRATEGIES, load
+from hetbench.strategies.registry import BASELINE, STRATEGIES, declared, load
 from hetbench.workload import Net
 
 MODES = {  # what each --bench-mode covers; the full set is the matrix
@@ -92,6 +92,7 @@ def scenario_config(m: dict, link: str | None, n: int) -> dict:
             f"standalone_steps={m['standalone_steps']}",
             "download=false",
         ],
+        declared(),
     )
 
 
@@ -133,7 +134,7 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     timings: list[StepTiming] = []
     try:
         strategy.start()  # startup stays outside the timed rounds
-        strategy.reset(cfg["seed"])
+        strategy.reset(cfg.run.seed)
         last = m["warmup"] + m["rounds"] - 1
         for step in range(m["warmup"]):
             strategy.step(step, step + 1)  # steps follow each other at once, as in `hetbench run`
@@ -148,7 +149,7 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     finally:
         strategy.close()
     benchmark.extra_info.update(
-        samples_per_s=cfg["batch_size"] / median([t.total_s for t in timings]),
+        samples_per_s=cfg.run.batch_size / median([t.total_s for t in timings]),
         step_ms={
             part: 1000
             * median([getattr(t, part) if part != "compute_s" else max(t.compute_s.values()) for t in timings])

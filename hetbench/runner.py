@@ -11,6 +11,7 @@ from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.place import place
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
+from hetbench.config import Config, from_dict
 from hetbench.data import cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, measure_floor
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 def run_strategy(
     scenario: Scenario,
-    cfg: dict,
+    cfg: Config,
     evaluate: Evaluator,
     env: dict,
     standalone: dict | None = None,
@@ -46,7 +47,7 @@ def run_strategy(
         cls = registry.load(name)
     except ImportError as e:
         return {**base, "status": "skipped", "reason": str(e), "workers": []}
-    strategy, schedule = cls(cfg), Schedule.of(cfg)
+    strategy, schedule = cls(cfg), Schedule.of(cfg.run)
     faults, notes = faults_for(cls, cfg), skipped_features(cls, cfg)
     saved = checkpoints.load(scenario.key) if checkpoints else None
     if saved:
@@ -55,12 +56,12 @@ def run_strategy(
         started = now()
         strategy.start()
         startup_s = now() - started
-        lengths = [schedule.total(r) for r in range(cfg["repeats"])]
+        lengths = [schedule.total(r) for r in range(cfg.run.repeats)]
         repeats = [from_saved(r) for r in saved["done"]] if saved else []
-        with Progress(label or name, sum(lengths), cfg["repeats"]) as bar:
+        with Progress(label or name, sum(lengths), cfg.run.repeats) as bar:
             if repeats:
                 bar.update(sum(lengths[: len(repeats)]), resumed=True)
-            for r in range(len(repeats), cfg["repeats"]):
+            for r in range(len(repeats), cfg.run.repeats):
                 bar.repeat(r)
                 save = saver(checkpoints, scenario.key, repeats) if checkpoints and cls.resumable else None
                 resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
@@ -72,8 +73,8 @@ def run_strategy(
                         r,
                         evaluate,
                         bar,
-                        cfg["seed"] + r,
-                        cfg["batch_size"],
+                        cfg.run.seed + r,
+                        cfg.run.batch_size,
                         first,
                         save,
                         resume,
@@ -84,8 +85,8 @@ def run_strategy(
     finally:
         strategy.close()
         for fault in faults:  # a killed or cut-off node comes back for the scenarios after this one
-            if fault["kill"] in ("node", "link"):
-                cluster.revive(fault["target"])
+            if fault.kill in ("node", "link"):
+                cluster.revive(fault.target)
     return {**strategy_row(base, strategy, workers, repeats, startup_s, standalone), **notes, **extras}
 
 
@@ -98,12 +99,12 @@ def saver(checkpoints: RunCheckpoints, key: str, done: list[dict]):
     return save
 
 
-def open_ray(cfg: dict) -> float | None:
+def open_ray(cfg: Config) -> float | None:
     """Ray started (or joined) once, before any row, for the whole run (ray_kept_for_the_run), with a
     process per worker and one for a coordinator, torch imported and data loaded, that the rows hand
     on to each other (cluster/ray_hosts.py): no row's startup pays for either. Its seconds; None
     where no row uses Ray."""
-    if not (cfg["floor"]["enabled"] or wants_standalone(cfg) or any(via(n) == "ray" for n in cfg["strategies"])):
+    if not (cfg.floor.enabled or wants_standalone(cfg) or any(via(n) == "ray" for n in cfg.run.strategies)):
         return None
     started = now()
     connect(cfg)
@@ -119,8 +120,8 @@ def via(name: str) -> str | None:
         return None
 
 
-def run_floor(cfg: dict, env: dict) -> dict:
-    base = {"strategy": FLOOR_NAME, "config": redacted(cfg), "env": env, "workers": []}
+def run_floor(cfg: Config, env: dict) -> dict:
+    base = {"strategy": FLOOR_NAME, "config": redacted(cfg.as_dict()), "env": env, "workers": []}
     try:
         figures = measure_floor(cfg, count_parameters(Net()))
     except RunFailed as e:
@@ -128,17 +129,17 @@ def run_floor(cfg: dict, env: dict) -> dict:
     return {**base, "status": "ok", **figures}
 
 
-def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
+def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
     """Run every planned row, then the floor; a failing row keeps the records before it.
 
     `resumed`: an interrupted run's records; what they hold is not run again.
     """
-    registry.check_names(cfg["strategies"])
+    registry.check_names(cfg.run.strategies)
     env = environment()
-    _, test = cached_mnist(cfg)  # bad data is refused before any file is reserved
-    evaluate = Evaluator(test, cfg)
-    out = resumed or RecordFile(cfg["results_dir"], cfg["name"])
-    checkpoints = RunCheckpoints(cfg["results_dir"], out.path.stem) if cfg["checkpoint_every"] else None
+    _, test = cached_mnist(cfg.run)  # bad data is refused before any file is reserved
+    evaluate = Evaluator(test, cfg.run)
+    out = resumed or RecordFile(cfg.run.results_dir, cfg.run.name)
+    checkpoints = RunCheckpoints(cfg.run.results_dir, out.path.stem) if cfg.run.checkpoint_every else None
     try:
         if checkpoints:
             checkpoints.save_run(cfg, standalone)
@@ -177,11 +178,11 @@ def run(cfg: dict, resumed: RecordFile | None = None, standalone: dict | None = 
                     log.info("skipped %s: %s", scenario.label, record["reason"])
             if at_start:
                 rescale(out, at_start, measure_standalone(cluster_cfg))
-            if cfg["floor"]["enabled"] and not recorded(out.records, Scenario(FLOOR_NAME, None)):
+            if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
                 out.add(run_floor(reference_first(cluster_cfg, standalone)[0], env))  # from the reference's node
     finally:
         if out.records:
-            write_tables(out.records, cfg["results_dir"], cfg["name"])
+            write_tables(out.records, cfg.run.results_dir, cfg.run.name)
         else:
             out.discard()  # refused before any record (e.g. an unreachable cluster): no empty file left
     print(markdown(out.records))
@@ -198,7 +199,7 @@ def resume_run(run_id: str, results_dir: str) -> RecordFile:
     path = Path(run_id)
     if path.suffix == ".json":
         results_dir, run_id = str(path.parent.parent), path.stem
-    cfg, standalone = RunCheckpoints(results_dir, run_id).load_run()
-    cfg["results_dir"] = results_dir
+    saved, standalone = RunCheckpoints(results_dir, run_id).load_run()
+    cfg = from_dict({**saved, "results_dir": results_dir}, registry.declared())
     log.info("resuming run %s", run_id)
     return run(cfg, RecordFile.reopen(Path(results_dir) / "raw" / f"{run_id}.json"), standalone)

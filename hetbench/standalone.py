@@ -12,22 +12,23 @@ from __future__ import annotations
 
 from hetbench.clock import median
 from hetbench.cluster.place import place
+from hetbench.config import Config
 from hetbench.strategies.roles import Replica
 
 WARMUP_STEPS = 3
 
 
-def measure_standalone(cfg: dict) -> dict[str, list[float]]:
+def measure_standalone(cfg: Config) -> dict[str, list[float]]:
     """Worker name -> its samples/s training alone, one figure per timing (two each)."""
     workers = place(cfg, Replica, "standalone")
     try:
         # one at a time, in the order A B .. B A, so drift on a shared machine hits every worker alike
-        order = list(range(len(cfg["workers"]))) + list(reversed(range(len(cfg["workers"]))))
-        timed: dict[str, list[float]] = {w["name"]: [] for w in cfg["workers"]}
+        order = list(range(len(cfg.workers))) + list(reversed(range(len(cfg.workers))))
+        timed: dict[str, list[float]] = {w.name: [] for w in cfg.workers}
         for rank in order:
-            name = cfg["workers"][rank]["name"]
+            name = cfg.workers[rank].name
             timed[name] += workers.results(
-                [workers.call(rank, "alone", cfg["standalone_steps"], WARMUP_STEPS)], f"timing {name} alone"
+                [workers.call(rank, "alone", cfg.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
             )
         return timed
     finally:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hetbench.clock import now
+from hetbench.config import Fault, RunConfig
 from hetbench.data import Split
 from hetbench.errors import stop_if_interrupted
 from hetbench.gradients import FlatModel
@@ -30,15 +31,15 @@ class Schedule:
     auto_balance: bool  # the split came from speeds measured alone: corrected once, at warm-up's end
 
     @classmethod
-    def of(cls, cfg: dict) -> Schedule:
+    def of(cls, run: RunConfig) -> Schedule:
         return cls(
-            warmup_steps=cfg["warmup_steps"],
-            steps=cfg["steps"],
-            speed_steps=cfg["speed_steps"],
-            eval_every=cfg["eval_every"],
-            checkpoint_every=cfg["checkpoint_every"],
-            rebalance_every=cfg["rebalance_every"],
-            auto_balance=cfg["balance"] == ["auto"],
+            warmup_steps=run.warmup_steps,
+            steps=run.steps,
+            speed_steps=run.speed_steps,
+            eval_every=run.eval_every,
+            checkpoint_every=run.checkpoint_every,
+            rebalance_every=run.rebalance_every,
+            auto_balance=run.balance == ("auto",),
         )
 
     def evaluated(self, repeat: int) -> bool:
@@ -75,12 +76,12 @@ class Schedule:
 class Evaluator:
     """Test accuracy of flat weights on the driver's CPU; its time never counts as training."""
 
-    def __init__(self, test: Split, cfg: dict) -> None:
+    def __init__(self, test: Split, run: RunConfig) -> None:
         self.images, self.labels = test.tensors("cpu")
-        self.flat = FlatModel(Net(cfg["dropout"]))
-        self.quick = min(cfg["eval_samples"], len(self.labels))
-        self.final = min(cfg["test_samples"] or len(self.labels), len(self.labels))
-        self.target = cfg["target_accuracy"]
+        self.flat = FlatModel(Net(run.dropout))
+        self.quick = min(run.eval_samples, len(self.labels))
+        self.final = min(run.test_samples or len(self.labels), len(self.labels))
+        self.target = run.target_accuracy
 
     def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
         self.flat.load_params(weights)
@@ -118,13 +119,13 @@ def train_repeat(
     for step in range(progress["next_step"], total):
         stop_if_interrupted()
         for fault in faults:
-            if fault["at_step"] == step:
+            if fault.at_step == step:
                 inject(strategy, fault, step, cluster)
         evaluating = evaluate is not None and schedule.evaluates(repeat, step)
         saving = save is not None and schedule.checkpoints(repeat, step)
         rebalancing = strategy.rebalances and schedule.resplits(step, len(window) + 1)
         last = step + 1 == total  # nothing follows it: a step started past the end would hold the next reset
-        pausing = last or evaluating or saving or rebalancing or any(fault["at_step"] == step + 1 for fault in faults)
+        pausing = last or evaluating or saving or rebalancing or any(fault.at_step == step + 1 for fault in faults)
         seen = len(strategy.events)
         timing = strategy.step(step, None if pausing else step + 1)
         disruptions = [event for event in strategy.events[seen:] if "rebalanced" not in event]
@@ -169,14 +170,14 @@ def train_repeat(
     }
 
 
-def inject(strategy, fault: dict, step: int, cluster=None) -> None:
+def inject(strategy, fault: Fault, step: int, cluster=None) -> None:
     """A configured fault, for real: a worker's process, or a whole local node's processes, end now;
     the strategy's next step finds its workers lost."""
-    log.info("%s: injecting fault at step %d: kill %s '%s'", strategy.name, step, fault["kill"], fault["target"])
-    if fault["kill"] == "node":
-        cluster.kill_node(fault["target"])
-    elif fault["kill"] == "link":
-        cluster.cut_link(fault["target"])
+    log.info("%s: injecting fault at step %d: kill %s '%s'", strategy.name, step, fault.kill, fault.target)
+    if fault.kill == "node":
+        cluster.kill_node(fault.target)
+    elif fault.kill == "link":
+        cluster.cut_link(fault.target)
     else:
-        strategy.kill_worker(fault["target"])
-    strategy.events.append({"step": step, "injected": f"kill {fault['kill']} {fault['target']}"})
+        strategy.kill_worker(fault.target)
+    strategy.events.append({"step": step, "injected": f"kill {fault.kill} {fault.target}"})

@@ -11,6 +11,7 @@ import torch
 
 from hetbench.balance import resplit_event, speed_split, split_batch
 from hetbench.cluster.placed import Placed
+from hetbench.config import Config
 from hetbench.errors import RunFailed
 from hetbench.gradients import batch_shares
 from hetbench.step_timing import StepTiming
@@ -44,17 +45,18 @@ class Strategy(ABC):
     # The launcher its processes go through (cluster/placed.py): ray | dask.
     via: ClassVar[str] = "ray"
 
-    # This strategy's own config keys: name -> (default, one-line comment). They live under the
-    # strategy's name in a config (e.g. `ray-ps-async: {max_staleness: 1}`); config.py resolves them.
-    options: ClassVar[dict[str, tuple]] = {}
+    # This strategy's own settings: a frozen dataclass of config.setting() fields (a default and a
+    # one-line doc each). They live under the strategy's name in a config (e.g. `ray-ps-async:
+    # {max_staleness: 1}`); config.py resolves them into Config.options; `settings` reads them.
+    options: ClassVar[type | None] = None
     # A sentence for the tables' legend, shown where this strategy has a row.
     table_note: ClassVar[str] = ""
 
     @classmethod  # noqa: B027 (optional: most strategies take what config.py checks)
-    def check_options(cls, options: dict) -> None:
+    def check_options(cls, options) -> None:
         """Refuse, with UserError, resolved `options` that config.py's type checks let through."""
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.events: list[dict] = []  # what was lost, when, and the split that went on
         self.lost: list[dict] = []  # worker_info of the lost workers, with lost_at_step
@@ -62,6 +64,11 @@ class Strategy(ABC):
         self.batches: list[int] = []  # per live worker: its samples per step
         self.shares: list[float] = []  # per live worker: batch / global batch, the rule's weights
         self.placed: Placed | None = None  # its workers' processes (cluster/place.py), once started
+
+    @property
+    def settings(self):
+        """This strategy's own settings as the config resolved them (their defaults where it holds none)."""
+        return self.cfg.options.get(self.name) or self.options()
 
     @abstractmethod
     def start(self) -> None:
@@ -109,7 +116,7 @@ class Strategy(ABC):
         del self.batches[rank]
         if not self.batches:
             raise RunFailed(f"{self.name}: every worker was lost (the last, '{lost['name']}', at step {step})")
-        split = self._set_split(split_batch(self.cfg["batch_size"], self.batches))
+        split = self._set_split(split_batch(self.cfg.run.batch_size, self.batches))
         self.lost.append({**lost, "lost_at_step": step})
         self.events.append({"step": step, "lost": lost["name"], "node": lost["node"], "split": split})
         going_on = ", ".join(f"{n}x{b}" for n, b in split.items())
@@ -118,9 +125,9 @@ class Strategy(ABC):
     def rebalance(self, step: int, timings: list[StepTiming]) -> None:
         """Re-split the global batch by the speeds in `timings` (speed_split), and hand it on."""
         computes = [[t.compute_s[info["name"]] for t in timings if t.compute_s.get(info["name"])] for info in self.info]
-        batches = speed_split(self.cfg["batch_size"], self.batches, computes)
+        batches = speed_split(self.cfg.run.batch_size, self.batches, computes)
         if batches is not None:
-            self.events.append(resplit_event(self.cfg, step, self._set_split(batches)))
+            self.events.append(resplit_event(self.cfg.run.warmup_steps, step, self._set_split(batches)))
             self.push_split()
 
     def push_split(self) -> None:

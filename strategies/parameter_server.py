@@ -35,7 +35,7 @@ class ParameterServerDriver(Strategy, HandsOff):
     survives_worker_loss = resumable = rebalances = True
 
     def start(self) -> None:
-        self.batches = [w["batch"] for w in self.cfg["workers"]]
+        self.batches = [w.batch for w in self.cfg.workers]
         self.shares = batch_shares(self.batches)  # the sample-weighted rule, as weights
         self.placed = place(self.cfg, self.replica, self.name, self.via, coordinator=self.server)
         self.placed.on_death = self._give_up_hand_offs  # what waits in shared memory must stop first
@@ -57,7 +57,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         mapped = {r for r, ok in zip(local, attached) if ok}
         # this process maps the file too, to give up a step's waits when a worker is lost
         self.host = (
-            HostBuffers.attach(*shared, len(local), self.cfg["cluster"]["step_timeout_s"])
+            HostBuffers.attach(*shared, len(local), self.cfg.cluster.step_timeout_s)
             if mapped and HostBuffers.can_hand_off()
             else None
         )

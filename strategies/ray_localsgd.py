@@ -14,13 +14,16 @@ take as long as anyone's: the slow machine is not waited for at the exchange.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from hetbench.clock import now
+from hetbench.config import Config, setting
 from hetbench.errors import UserError, WorkersLost
 from hetbench.gradients import from_wire, to_wire
 from hetbench.step_timing import StepTiming
-from hetbench.strategies.ray_ps import RayParameterServer, RayReplica, RayServer
+from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayReplica, RayServer
 from hetbench.workload import build_optimizer
 
 NAME = "ray-localsgd"
@@ -29,7 +32,7 @@ NAME = "ray-localsgd"
 class LocalReplica(RayReplica):
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
         self.round_start = self.flat.params.detach().clone()
         self.taken: tuple[int, float] | None = None  # the last step my replica took, and its seconds
 
@@ -48,20 +51,27 @@ class LocalReplica(RayReplica):
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         """The round's last step, then (2a) my delta to the server, as ray-ps sends a gradient."""
         compute_s = self.inner(weights, step)
-        delta = to_wire(self.round_start - self.flat.params, self.cfg["wire_dtype"])
+        delta = to_wire(self.round_start - self.flat.params, self.cfg.run.wire_dtype)
         return [self.gradient_out(delta, ticket)], compute_s
 
 
+@dataclass(frozen=True)
+class LocalSGDOptions(RayPsOptions):
+    sync_every: int = setting(8, "steps each worker takes on its own replica between exchanges (H)")
+    outer_lr: float = setting(0.7, "the outer step's learning rate (DiLoCo's); 1 with momentum 0 = plain averaging")
+    outer_momentum: float = setting(0.9, "the outer step's Nesterov momentum; 0 = none")
+
+
 class OuterServer(RayServer):
-    def reset(self, cfg: dict, seed: int) -> list:
+    def reset(self, cfg: Config, seed: int) -> list:
         weights = super().reset(cfg, seed)
         # (3) the outer optimizer, stepping with the weighted deltas as its gradient
-        outer = cfg[NAME]
+        outer = cfg.options[NAME]
         self.optimizer = torch.optim.SGD(
             self.flat.optimizer_params(),
-            lr=outer["outer_lr"],
-            momentum=outer["outer_momentum"],
-            nesterov=outer["outer_momentum"] > 0,
+            lr=outer.outer_lr,
+            momentum=outer.outer_momentum,
+            nesterov=outer.outer_momentum > 0,
         )
         return weights
 
@@ -69,12 +79,7 @@ class OuterServer(RayServer):
 class RayLocalSGD(RayParameterServer):
     name = NAME
     replica, server = LocalReplica, OuterServer
-    options = {
-        **RayParameterServer.options,
-        "sync_every": (8, "steps each worker takes on its own replica between exchanges (H)"),
-        "outer_lr": (0.7, "the outer step's learning rate (DiLoCo's); 1 with momentum 0 = plain averaging"),
-        "outer_momentum": (0.9, "the outer step's Nesterov momentum; 0 = none"),
-    }
+    options = LocalSGDOptions
     table_note = (
         "ray-localsgd: workers exchange every sync_every steps, not every step, so its accuracy is its "
         "own (not the single-device trajectory's) and its link time is shared by those steps."
@@ -83,15 +88,15 @@ class RayLocalSGD(RayParameterServer):
     uses_host_memory = False  # replicas drift apart between exchanges: each keeps its own weights
     resumable = False  # the replicas and their optimizers are not checkpointed yet
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
-        self.every = self.exchange_every = cfg[NAME]["sync_every"]
+        self.every = self.exchange_every = self.settings.sync_every
         self.floor_transfers = 2.0 / self.every  # ray-ps's two transfers, once a round
 
     @classmethod
-    def check_options(cls, options: dict) -> None:
+    def check_options(cls, options: LocalSGDOptions) -> None:
         super().check_options(options)
-        if options["sync_every"] < 1:  # config.py has checked it is an int, and not negative
+        if options.sync_every < 1:  # config.py has checked it is an int, and not negative
             raise UserError(f"config key '{NAME}.sync_every' must be a whole number of steps >= 1")
 
     def reset(self, seed: int) -> None:

@@ -12,9 +12,12 @@ Workers on the server's node use shared memory instead (the driver's).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ray
 
 from hetbench.cluster.nodes import DIRECT_PORT
+from hetbench.config import Config, setting
 from hetbench.errors import UserError
 from hetbench.strategies.parameter_server import ParameterServerDriver
 from hetbench.strategies.roles import ParameterServer, Replica
@@ -23,12 +26,17 @@ from hetbench.transport.direct import Channel, Listener, Sent, hello
 TRANSPORTS = ("direct", "object-store")
 
 
+@dataclass(frozen=True)
+class RayPsOptions:
+    transport: str = setting("direct", "workers on other nodes: direct (a TCP connection each) or object-store")
+
+
 class RayReplica(Replica):
     channel: Channel | None = None  # my own connection to the server, when I am off its node
     version = -1  # the version of the weights I last took from it
 
     def connect(self, address: tuple[str, int], greeting: bytes) -> bool:
-        self.channel = Channel.connect(tuple(address), greeting, self.cfg["cluster"]["step_timeout_s"])
+        self.channel = Channel.connect(tuple(address), greeting, self.cfg.cluster.step_timeout_s)
         return self.channel is not None
 
     def disconnect(self) -> None:
@@ -57,7 +65,7 @@ class RayReplica(Replica):
         if self.channel is None:
             return ray.put(grad)
         self.channel.post(ticket, grad.copy())
-        return Sent(self.spec["name"], ticket)
+        return Sent(self.spec.name, ticket)
 
 
 class RayServer(ParameterServer):
@@ -85,7 +93,7 @@ class RayServer(ParameterServer):
         super().shared_by_all(by_value)
         self.object_store = by_value
 
-    def reset(self, cfg: dict, seed: int) -> list:
+    def reset(self, cfg: Config, seed: int) -> list:
         return self._put(super().reset(cfg, seed))
 
     def load_state(self, state: dict) -> list:
@@ -127,12 +135,12 @@ class RayParameterServer(ParameterServerDriver):
     via = "ray"
     replica, server = RayReplica, RayServer
     by_value = "object store"
-    options = {"transport": ("direct", "workers on other nodes: direct (a TCP connection each) or object-store")}
+    options = RayPsOptions
     direct_channels = True  # the `transport` option above: False where a subclass has no such option
 
     @classmethod
-    def check_options(cls, options: dict) -> None:
-        if cls.direct_channels and options["transport"] not in TRANSPORTS:
+    def check_options(cls, options: RayPsOptions) -> None:
+        if cls.direct_channels and options.transport not in TRANSPORTS:
             raise UserError(f"config key '{cls.name}.transport' must be one of {', '.join(TRANSPORTS)}")
 
     def _lose(self, ranks: list[int], step: int) -> None:
@@ -142,11 +150,11 @@ class RayParameterServer(ParameterServerDriver):
         super()._lose(ranks, step)
 
     def _connect_direct(self, ranks: list[int]) -> set[int]:
-        if not ranks or not self.direct_channels or self.cfg[self.name]["transport"] != "direct":
+        if not ranks or not self.direct_channels or self.settings.transport != "direct":
             return set()
         # a joined cluster's server listens on a port its firewall can open (README: Ports)
-        port = DIRECT_PORT if self.cfg["cluster"]["ray_address"] else 0
-        listening = self._server("listen", port, self.cfg["cluster"]["step_timeout_s"])
+        port = DIRECT_PORT if self.cfg.cluster.ray_address else 0
+        listening = self._server("listen", port, self.cfg.cluster.step_timeout_s)
         if listening is None:
             return set()
         address, secret = listening

@@ -8,17 +8,25 @@ batch share, and the worker restarts from the newest weights, unless it is more 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import ray
 
 from hetbench.clock import now
+from hetbench.config import Config, setting
 from hetbench.errors import RunFailed, WorkersLost
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer
 
 
+@dataclass(frozen=True)
+class AsyncOptions:
+    max_staleness: int = setting(2, "a worker this many weights versions ahead of the slowest waits")
+
+
 class RayParameterServerAsync(RayParameterServer):
     name = "ray-ps-async"
-    options = {"max_staleness": (2, "a worker this many weights versions ahead of the slowest waits")}
+    options = AsyncOptions
     table_note = (
         "ray-ps-async: no barrier, so wait ms is the time a worker was held back by max_staleness "
         "and no link prediction applies."
@@ -30,7 +38,7 @@ class RayParameterServerAsync(RayParameterServer):
     # the object store only: a worker pulls just the version it starts from (channels push every version)
     direct_channels = False
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
         self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
         self.staleness: list[int] = []  # versions behind, per applied gradient, over every repeat
@@ -53,9 +61,9 @@ class RayParameterServerAsync(RayParameterServer):
     def step(self, step: int, then: int | None = None) -> StepTiming:
         start, applied, waited = now(), 0, 0.0
         computes: dict[str, list[float]] = {w["name"]: [] for w in self.info}
-        while applied < self.cfg["batch_size"]:
+        while applied < self.cfg.run.batch_size:
             # (1) whichever worker finishes first ...
-            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=self.cfg["cluster"]["step_timeout_s"])
+            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=self.cfg.cluster.step_timeout_s)
             if not ready:
                 raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
             rank, started_at, compute, batch = self.in_flight.pop(ready[0])
@@ -66,7 +74,7 @@ class RayParameterServerAsync(RayParameterServer):
                 self._lose(e.ranks, step)
                 continue
             # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch
-            share = batch / self.cfg["batch_size"]  # the batch it computed on, even if re-split since
+            share = batch / self.cfg.run.batch_size  # the batch it computed on, even if re-split since
             self.newest, _ = self.placed.coordinator_call("apply", [share], ready[0], returns=2)
             self.staleness.append(self.version - started_at)
             self.version += 1
@@ -99,7 +107,7 @@ class RayParameterServerAsync(RayParameterServer):
 
     def _too_far_ahead(self) -> bool:
         oldest = min((v for _, v, *_ in self.in_flight.values()), default=self.version)
-        return self.version - oldest > self.cfg[self.name]["max_staleness"]
+        return self.version - oldest > self.settings.max_staleness
 
     def record_extras(self) -> dict:
         counts: dict[int, int] = {}
@@ -112,7 +120,7 @@ class RayParameterServerAsync(RayParameterServer):
                 "histogram": dict(sorted(counts.items())),
                 "max": max(ordered, default=0),
                 "median": ordered[len(ordered) // 2] if ordered else 0,
-                "max_allowed": self.cfg[self.name]["max_staleness"],
+                "max_allowed": self.settings.max_staleness,
             },
         }
 
@@ -120,4 +128,4 @@ class RayParameterServerAsync(RayParameterServer):
         """Let a previous repeat's in-flight batches finish before the models are replaced."""
         pending = list(self.in_flight)
         if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=self.cfg["cluster"]["step_timeout_s"])
+            ray.wait(pending, num_returns=len(pending), timeout=self.cfg.cluster.step_timeout_s)

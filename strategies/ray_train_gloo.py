@@ -16,6 +16,7 @@ import signal
 import tempfile
 import threading
 import uuid
+from dataclasses import dataclass
 
 import ray
 import torch
@@ -25,6 +26,7 @@ from hetbench.clock import now
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
+from hetbench.config import Config, WorkerConfig, setting
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import WIRE_DTYPES, batch_shares, from_buffer, weighted_allreduce
 from hetbench.step_timing import StepTiming
@@ -43,24 +45,24 @@ def kill_process(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def gathered_split(cfg: dict, replica: Replica, window: list[float]) -> list[int] | None:
+def gathered_split(cfg: Config, replica: Replica, window: list[float]) -> list[int] | None:
     """(4) rebalance_every: every rank gathers every rank's computes over the window and derives
     the same new split from them (or None: keep it), so no driver round trip is needed."""
     import torch.distributed as dist
 
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (replica.rank, window))
-    return speed_split(cfg["batch_size"], replica.batches, [computes for _, computes in sorted(gathered)])
+    return speed_split(cfg.run.batch_size, replica.batches, [computes for _, computes in sorted(gathered)])
 
 
-def assign_ranks(workers: list[dict], labels_by_rank: list[set]) -> list[int]:
+def assign_ranks(workers: tuple[WorkerConfig, ...], labels_by_rank: list[set]) -> list[int]:
     """Configured worker per rank: the first free one labelled for the rank's node, else the first
     free unlabelled one, else the first free one. Every rank computes the same list."""
     free, chosen = list(range(len(workers))), []
     for labels in labels_by_rank:
-        pick = next((i for i in free if workers[i]["node"] in labels), None)
+        pick = next((i for i in free if workers[i].node in labels), None)
         if pick is None:
-            pick = next((i for i in free if not workers[i]["node"]), free[0])
+            pick = next((i for i in free if not workers[i].node), free[0])
         free.remove(pick)
         chosen.append(pick)
     return chosen
@@ -80,9 +82,9 @@ def train_loop(config: dict) -> None:
     rank = ray.train.get_context().get_world_rank()
     labels_by_rank = [None] * dist.get_world_size()
     dist.all_gather_object(labels_by_rank, node_labels())
-    index = assign_ranks(cfg["workers"], [set(labels) for labels in labels_by_rank])[rank]
+    index = assign_ranks(cfg.workers, [set(labels) for labels in labels_by_rank])[rank]
     replica = Replica()  # this rank's worker: device resolved here, on its own node
-    info = replica.setup(cfg, index, workers_per_host(cfg, cfg["workers"][index], joined))
+    info = replica.setup(cfg, index, workers_per_host(cfg, cfg.workers[index], joined))
     here = {"rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
     collector.record.remote(("ready",), rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")})
     share, device = batch_shares(replica.batches)[index], replica.device
@@ -90,14 +92,14 @@ def train_loop(config: dict) -> None:
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
     first_repeat, first_step, state = ray.get(collector.begin.remote(rank))
-    schedule, every = Schedule.of(cfg), cfg["checkpoint_every"] or cfg["eval_every"]
-    keep_state = rank == 0 and bool(cfg["faults"] or cfg["checkpoint_every"])
-    for repeat in range(first_repeat, cfg["repeats"]):
-        replica.reset(cfg["seed"] + repeat)
+    schedule, every = Schedule.of(cfg.run), cfg.run.checkpoint_every or cfg.run.eval_every
+    keep_state = rank == 0 and bool(cfg.run.faults or cfg.run.checkpoint_every)
+    for repeat in range(first_repeat, cfg.run.repeats):
+        replica.reset(cfg.run.seed + repeat)
         total = schedule.total(repeat)
         flat = replica.flat
-        optimizer = build_optimizer(flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
-        staging = torch.zeros(flat.params.numel(), dtype=WIRE_DTYPES[cfg["wire_dtype"]])
+        optimizer = build_optimizer(flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
+        staging = torch.zeros(flat.params.numel(), dtype=WIRE_DTYPES[cfg.run.wire_dtype])
         if state is not None and repeat == first_repeat:
             load_train_state(flat, optimizer, state)
         window: list[float] = []  # my computes since the split last changed
@@ -107,7 +109,7 @@ def train_loop(config: dict) -> None:
             compute_s = replica.local_step(step)
             computed = now(device)
             # (2) the sample-weighted rule as one all-reduce over gloo
-            flat.grads.copy_(weighted_allreduce(flat.grads, share, cfg["wire_dtype"], staging).wait())
+            flat.grads.copy_(weighted_allreduce(flat.grads, share, cfg.run.wire_dtype, staging).wait())
             reduced = now(device)
             # (3) the same optimizer step on every rank (an emulated slow device is slow here too)
             replica.work(optimizer.step)
@@ -130,7 +132,7 @@ def train_loop(config: dict) -> None:
                 "peak_rss_mb": peak_rss_mb(),
             }
             if split is not None and rank == 0:
-                timing["split"] = {w["name"]: b for w, b in zip(cfg["workers"], split)}
+                timing["split"] = {w.name: b for w, b in zip(cfg.workers, split)}
             collector.record.remote(
                 (repeat, step), rank, timing, flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None
             )
@@ -138,22 +140,27 @@ def train_loop(config: dict) -> None:
             # its evaluation never competes with training for the cores
             if keep_state and schedule.due(every, repeat, step):
                 collector.save_state.remote(repeat, step + 1, train_state(flat, optimizer))
-            if evaluated and ray.get(collector.hold.remote((repeat, step), cfg["cluster"]["step_timeout_s"])):
+            if evaluated and ray.get(collector.hold.remote((repeat, step), cfg.cluster.step_timeout_s)):
                 return
     dist.barrier()
 
 
+@dataclass(frozen=True)
+class TrainOptions:
+    max_failures: int = setting(1, "Ray Train restarts its group after a lost rank this often")
+
+
 class RayTrainGloo(Strategy):
     name = "ray-train-gloo"
-    options = {"max_failures": (1, "Ray Train restarts its group after a lost rank this often")}
+    options = TrainOptions
     table_note = "ray-train-gloo: one all-reduce per step, so its link prediction counts one floor transfer."
     floor_transfers = 1.0
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
 
-    def __init__(self, cfg: dict) -> None:
+    def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
-        self.timeout_s = cfg["cluster"]["step_timeout_s"]
+        self.timeout_s = cfg.cluster.step_timeout_s
         self.cluster = None  # the Ray connection, the collector actor, Ray Train's storage and its fit thread
         self.collector = None
         self.storage: str | None = None
@@ -168,11 +175,11 @@ class RayTrainGloo(Strategy):
         from hetbench.strategies.ray_train_backend import GlooTorchConfig
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
-        workers = self.cfg["workers"]
+        workers = self.cfg.workers
         self.cluster = connect(self.cfg)
         self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
-        joined = bool(self.cfg["cluster"]["ray_address"])
+        joined = bool(self.cfg.cluster.ray_address)
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={"cfg": self.cfg, "collector": self.collector, "joined": joined},
@@ -186,7 +193,7 @@ class RayTrainGloo(Strategy):
             run_config=RunConfig(
                 name=f"hetbench-{uuid.uuid4().hex[:12]}",
                 storage_path=self.storage,
-                failure_config=FailureConfig(max_failures=self.cfg[self.name]["max_failures"]),
+                failure_config=FailureConfig(max_failures=self.settings.max_failures),
             ),
         )
         self.failure: BaseException | None = None
@@ -221,7 +228,7 @@ class RayTrainGloo(Strategy):
 
     def reset(self, seed: int) -> None:
         self._release()
-        self.repeat = seed - self.cfg["seed"]  # the ranks run the same repeats, seeded alike
+        self.repeat = seed - self.cfg.run.seed  # the ranks run the same repeats, seeded alike
         self.snapshot = None
 
     def _release(self) -> None:
@@ -244,7 +251,7 @@ class RayTrainGloo(Strategy):
             log.info("%s: Ray Train restarted the group; it went on from step %s", self.name, resumed_from)
         split = next((t["split"] for t in timings.values() if "split" in t), None)
         if split is not None:  # the ranks re-split themselves after this step (gathered_split)
-            self.events.append(resplit_event(self.cfg, step, split))
+            self.events.append(resplit_event(self.cfg.run.warmup_steps, step, split))
             for info in self.info:
                 info["batch"] = split[info["name"]]
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}

@@ -68,11 +68,13 @@ def availability() -> dict[str, str | None]:
     return reasons
 
 
-def options(name: str) -> dict[str, tuple]:
-    """A registered strategy's own settings (Strategy.options), or none where it is unavailable here."""
-    if name not in STRATEGIES:
-        return {}
-    try:
-        return load(name).options
-    except ImportError:
-        return {}
+def declared() -> dict[str, type[Strategy] | None]:
+    """Every registered strategy's class, or None where it is unavailable here: what config.py reads
+    their own settings (Strategy.options) by."""
+    classes: dict[str, type[Strategy] | None] = {}
+    for name in STRATEGIES:
+        try:
+            classes[name] = load(name)
+        except ImportError:
+            classes[name] = None
+    return classes

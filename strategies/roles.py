@@ -11,6 +11,7 @@ import torch
 
 from hetbench.clock import cpu_wait, now
 from hetbench.cluster.processes import peak_rss_mb
+from hetbench.config import Config
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
@@ -29,23 +30,23 @@ class Replica:
 
     shared: HostBuffers | None = None
 
-    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
-        configure_threads(cfg["threads"], threads_share)
+    def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
+        configure_threads(cfg.run.threads, threads_share)
         keep_freed_memory()
         self.cfg, self.rank = cfg, rank
-        self.spec = cfg["workers"][rank]
-        self.batches = [w["batch"] for w in cfg["workers"]]
-        self.device = resolve_device(self.spec["device"])
-        self.images, self.labels = cached_mnist(cfg, announce=False)[0].tensors(self.device)
+        self.spec = cfg.workers[rank]
+        self.batches = [w.batch for w in cfg.workers]
+        self.device = resolve_device(self.spec.device)
+        self.images, self.labels = cached_mnist(cfg.run, announce=False)[0].tensors(self.device)
         return {
-            "name": self.spec["name"],
+            "name": self.spec.name,
             "device": str(self.device),
-            "node": self.spec["node"],
+            "node": self.spec.node,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "threads": torch.get_num_threads(),
-            "batch": self.spec["batch"],
-            "slowdown": self.spec["slowdown"],
+            "batch": self.spec.batch,
+            "slowdown": self.spec.slowdown,
         }
 
     def resplit(self, batches: list[int], rank: int) -> None:
@@ -61,11 +62,11 @@ class Replica:
 
     def reset(self, seed: int) -> None:
         self.seed = seed
-        self.flat = FlatModel(build_model(self.cfg["dropout"], seed).to(self.device))
+        self.flat = FlatModel(build_model(self.cfg.run.dropout, seed).to(self.device))
 
     def attach(self, path: str, numel: int, slots: int, slot: int) -> bool:
         """On the server's host: map its shared memory, where my weights come and my gradient goes."""
-        self.shared, self.slot = HostBuffers.attach(path, numel, slots, self.cfg["cluster"]["step_timeout_s"]), slot
+        self.shared, self.slot = HostBuffers.attach(path, numel, slots, self.cfg.cluster.step_timeout_s), slot
         return self.shared is not None
 
     def compute(self, weights, step: int, ticket: int | None = None, after: int | None = None):
@@ -84,28 +85,28 @@ class Replica:
             if ticket is not None:
                 self.shared.publish_gradient(self.slot, ticket)
             return self.slot, compute_s
-        return to_wire(self.flat.grads, self.cfg["wire_dtype"]), compute_s
+        return to_wire(self.flat.grads, self.cfg.run.wire_dtype), compute_s
 
     def alone(self, steps: int, warmup: int) -> float:
         """This worker training alone on the whole global batch (forward, backward, update): samples/s."""
         batches, rank = self.batches, self.rank
-        self.batches, self.rank = [self.cfg["batch_size"]], 0  # my slice is now the whole batch
+        self.batches, self.rank = [self.cfg.run.batch_size], 0  # my slice is now the whole batch
         try:
-            self.reset(self.cfg["seed"])
-            optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+            self.reset(self.cfg.run.seed)
+            optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
             for step in range(warmup + steps):
                 if step == warmup:
                     start = now(self.device)
                 self.local_step(step)
                 self.work(optimizer.step)
-            return self.cfg["batch_size"] * steps / (now(self.device) - start)
+            return self.cfg.run.batch_size * steps / (now(self.device) - start)
         finally:
             self.batches, self.rank = batches, rank
 
     def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         """My slice of global batch `step`: images and labels on my device."""
         index = worker_slice(
-            step_indices(len(self.labels), self.cfg["batch_size"], self.seed, step), self.batches, self.rank
+            step_indices(len(self.labels), self.cfg.run.batch_size, self.seed, step), self.batches, self.rank
         )
         index = torch.from_numpy(index).to(self.device)
         return self.images[index], self.labels[index]
@@ -134,7 +135,7 @@ class Replica:
         """
         start, waited = started
         seconds = now(self.device) - start
-        delay = (self.spec["slowdown"] - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
+        delay = (self.spec.slowdown - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
         if delay > 0:
             time.sleep(delay)
         return seconds + delay
@@ -145,10 +146,10 @@ class ParameterServer:
 
     shared: HostBuffers | None = None
 
-    def share_with(self, cfg: dict, slots: int) -> tuple[str, int] | None:
+    def share_with(self, cfg: Config, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
         self.shared = HostBuffers.create(
-            count_parameters(build_model(cfg["dropout"], 0)), slots, cfg["cluster"]["step_timeout_s"]
+            count_parameters(build_model(cfg.run.dropout, 0)), slots, cfg.cluster.step_timeout_s
         )
         return (self.shared.path, self.shared.numel) if self.shared else None
 
@@ -158,14 +159,14 @@ class ParameterServer:
         if self.shared:
             self.shared.unlink()
 
-    def reset(self, cfg: dict, seed: int):
+    def reset(self, cfg: Config, seed: int):
         # The update runs while every worker waits for it: give it all of this host's cores.
         configure_threads(0)
         keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
-        self.wire = cfg["wire_dtype"]
+        self.wire = cfg.run.wire_dtype
         # the master weights live where the workers on this host read them: publishing them is free
-        self.flat = FlatModel(build_model(cfg["dropout"], seed), self.shared and self.shared.weights)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg["optimizer"], cfg["lr"])
+        self.flat = FlatModel(build_model(cfg.run.dropout, seed), self.shared and self.shared.weights)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
         return to_wire(self.flat.params, self.wire)
 
     def state(self) -> dict:

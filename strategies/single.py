@@ -15,6 +15,7 @@ import torch
 
 from hetbench.clock import now
 from hetbench.cluster.place import place
+from hetbench.config import Config
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import Replica
@@ -25,14 +26,14 @@ from hetbench.workload import build_optimizer
 class OneDevice(Replica):
     """The baseline's process: one worker's node, device and thread budget; its slice is the whole batch."""
 
-    def setup(self, cfg: dict, rank: int, threads_share: int) -> dict:
+    def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
         info = super().setup(cfg, rank, threads_share)
-        self.batches, self.rank = [cfg["batch_size"]], 0
-        return {**info, "batch": cfg["batch_size"]}
+        self.batches, self.rank = [cfg.run.batch_size], 0
+        return {**info, "batch": cfg.run.batch_size}
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
 
     def train_step(self, step: int) -> float:
         start = now(self.device)

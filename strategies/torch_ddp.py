@@ -36,7 +36,7 @@ class DDPRank(Replica):
         return free_port(host)
 
     def join(self, master: str, port: int, world: int) -> str | None:
-        return join_group(master, port, self.rank, world, self.cfg["cluster"]["step_timeout_s"])
+        return join_group(master, port, self.rank, world, self.cfg.cluster.step_timeout_s)
 
     def retire(self) -> None:
         """The row is over: out of the group, as this process serves the next row."""
@@ -48,7 +48,7 @@ class DDPRank(Replica):
         # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors)
         self.ddp = DistributedDataParallel(self.flat.model, init_sync=False)
         self.ddp.register_comm_hook(None, self._allreduce)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg["optimizer"], self.cfg["lr"])
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
 
     def train_step(self, step: int) -> tuple[float, float]:
         """My own work's seconds (compute and update, as on one device) and the whole step's."""
@@ -66,7 +66,7 @@ class DDPRank(Replica):
         """(2) one bucket, as backward fills it: x my batch share, SUM over the group in the wire
         dtype, staged on CPU (gloo takes no MPS tensors); DDP copies the result into the gradients."""
         self.computed += self.clock_out(self.started)  # my compute so far (an emulated slow device waits here)
-        reduced = weighted_allreduce(bucket.buffer(), batch_shares(self.batches)[self.rank], self.cfg["wire_dtype"])
+        reduced = weighted_allreduce(bucket.buffer(), batch_shares(self.batches)[self.rank], self.cfg.run.wire_dtype)
         self.started = self.clock_in()
         return reduced
 

@@ -131,7 +131,7 @@ def _shared_cluster(_session_data):
     )
     keeper = KeptRay()
     with cluster_for_run(cfg) as (joined, _, _):
-        address, scheduler = joined["cluster"]["ray_address"], joined["cluster"]["dask_scheduler"]
+        address, scheduler = joined.cluster.ray_address, joined.cluster.dask_scheduler
         joins = [f"cluster.ray_address={address}", f"cluster.dask_scheduler={scheduler}"]
         shared = SharedCluster(joins, address, scheduler, keeper)
         try:

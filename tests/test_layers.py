@@ -13,10 +13,12 @@ import hetbench
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
     {"errors", "inputs", "identity", "devices", "clock", "progress", "step_timing"},
-    {"data", "workload", "gradients", "balance", "train_state", "training"},
+    {"workload", "gradients", "balance", "train_state"},
+    {"config"},
+    {"data", "training"},
     {"transport", "cluster"},
     {"strategies", "floor", "standalone"},
-    {"config", "scenarios"},
+    {"scenarios"},
     {"results"},
     {"runner"},
     {"cli", "__main__"},

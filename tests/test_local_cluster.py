@@ -305,7 +305,7 @@ for _ in range(2):  # a new cluster each time, as for each of the benchmark suit
     with cluster_for_run(cfg) as (joined, *_):
         connection = RayConnection(joined, {"desktop", "mac"})
         try:
-            print(joined["cluster"]["ray_address"], sorted(k for k in connection.ray.cluster_resources()
+            print(joined.cluster.ray_address, sorted(k for k in connection.ray.cluster_resources()
                                                            if k in ("desktop", "mac")))
         finally:
             connection.close()

@@ -11,7 +11,7 @@ def trained(name: str, cfg: dict, steps: int) -> list[torch.Tensor]:
     strategy = registry.load(name)(cfg)
     try:
         strategy.start()
-        strategy.reset(cfg["seed"])
+        strategy.reset(cfg.run.seed)
         weights = [strategy.weights()]
         for step in range(steps):
             strategy.step(step)

@@ -3,6 +3,7 @@
 import logging
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -68,7 +69,7 @@ def trained(strategy_cls, cfg, steps: int = 3) -> tuple[torch.Tensor, dict]:
         strategy.start()
         transports = {w["name"]: w.get("transport") for w in strategy.worker_info()}
         assert not list(Path("/dev/shm").glob("hetbench-*"))  # unlinked once mapped: nothing can be left
-        strategy.reset(cfg["seed"])
+        strategy.reset(cfg.run.seed)
         for step in range(steps):
             strategy.step(step, step + 1 if step + 1 < steps else None)
         return strategy.weights(), transports
@@ -92,10 +93,10 @@ def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tm
         wait_for_workers(cfg)
     assert 3 <= time.monotonic() - started < 30 and not ray.is_initialized()
     assert "waiting for 'ipad' (Ray node) to join" in caplog.text
-    cfg["cluster"]["allow_missing"] = True
+    cfg = replace(cfg, cluster=replace(cfg.cluster, allow_missing=True))
     kept = wait_for_workers(cfg)
-    assert [(w["name"], w["batch"]) for w in kept["workers"]] == [("d", 48)]  # the global batch is kept
-    assert len(cfg["workers"]) == 2  # the configured run is left as it was
+    assert [(w.name, w.batch) for w in kept.workers] == [("d", 48)]  # the global batch is kept
+    assert len(cfg.workers) == 2  # the configured run is left as it was
 
 
 @pytest.mark.slow

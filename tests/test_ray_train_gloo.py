@@ -3,6 +3,7 @@
 import pytest
 
 from helpers import small_config
+from hetbench.config import WorkerConfig
 from hetbench.strategies.ray_train_gloo import RayTrainGloo, assign_ranks
 
 
@@ -28,7 +29,7 @@ def test_ranks_play_the_worker_labelled_for_their_node(tmp_path, shared_cluster)
 
 
 def test_rank_assignment_follows_node_labels_then_order():
-    workers = [{"node": "mac"}, {"node": None}, {"node": "desktop"}]
+    workers = (WorkerConfig(node="mac"), WorkerConfig(node=None), WorkerConfig(node="desktop"))
     assert assign_ranks(workers, [{"desktop", "CPU"}, {"mac"}, {"CPU"}]) == [2, 0, 1]
     assert assign_ranks(workers, [{"mac", "desktop"}] * 3) == [0, 2, 1]  # one node with every label
-    assert assign_ranks([{"node": None}, {"node": None}], [set(), set()]) == [0, 1]
+    assert assign_ranks((WorkerConfig(), WorkerConfig()), [set(), set()]) == [0, 1]

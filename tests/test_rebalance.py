@@ -76,13 +76,13 @@ def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name, shared
 
 def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(tmp_path):
     auto = small_config(tmp_path, "balance=[auto]", "standalone_steps=2", "warmup_steps=3", "rebalance_every=0")
-    assert [step for step in range(10) if Schedule.of(auto).resplits(step, step + 1)] == [2]
+    assert [step for step in range(10) if Schedule.of(auto.run).resplits(step, step + 1)] == [2]
     equal = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=0")
-    assert not any(Schedule.of(equal).resplits(step, step + 1) for step in range(10))
+    assert not any(Schedule.of(equal.run).resplits(step, step + 1) for step in range(10))
     every = small_config(tmp_path, "balance=[equal]", "warmup_steps=3", "rebalance_every=4")
-    assert [Schedule.of(every).resplits(step, n) for step, n in ((3, 3), (3, 4), (9, 5))] == [False, True, True]
-    assert resplit_event(auto, 2, {"a": 1}) == {"step": 2, "rebalanced": {"a": 1}, "in_warmup": True}
-    assert resplit_event(auto, 3, {"a": 1}) == {"step": 3, "rebalanced": {"a": 1}}
+    assert [Schedule.of(every.run).resplits(step, n) for step, n in ((3, 3), (3, 4), (9, 5))] == [False, True, True]
+    assert resplit_event(auto.run.warmup_steps, 2, {"a": 1}) == {"step": 2, "rebalanced": {"a": 1}, "in_warmup": True}
+    assert resplit_event(auto.run.warmup_steps, 3, {"a": 1}) == {"step": 3, "rebalanced": {"a": 1}}
 
 
 @pytest.mark.slow

@@ -42,9 +42,9 @@ def test_the_reference_worker_is_the_fastest_alone_and_the_floor_crosses_to_anot
         "workers=[{name: a, node: desktop}, {name: b, node: desktop}, {name: c, node: mac}, {name: d, node: mac}]",
     )
     reordered, reference = reference_first(cfg, {"a": 100.0, "b": 300.0, "c": 300.0, "d": 50.0})
-    assert [w["name"] for w in reordered["workers"]] == ["b", "a", "c", "d"]  # the first of equals
+    assert [w.name for w in reordered.workers] == ["b", "a", "c", "d"]  # the first of equals
     assert reference == {"worker": "b", "chosen_by": "fastest alone in this run"}
-    assert [w["name"] for w in cfg["workers"]] == ["a", "b", "c", "d"]  # the run's config is left as it was
+    assert [w.name for w in cfg.workers] == ["a", "b", "c", "d"]  # the run's config is left as it was
     assert reference_first(cfg, None)[1] == {"worker": "a", "chosen_by": "first configured worker"}
     assert floor_ranks(cfg) == [0, 2]  # desktop <-> mac, not two desktop workers
     assert floor_ranks(small_config(tmp_path, "workers=[{name: a}, {name: b}]")) == [0, 1]
@@ -55,6 +55,6 @@ def test_a_worker_has_its_hosts_cores_split_among_the_training_processes_there(t
     from hetbench.cluster.placed import workers_per_host
 
     cfg = small_config(tmp_path, "workers=[{name: a, node: desktop}, {name: b, node: desktop}, {name: c, node: mac}]")
-    desk, _, mac = cfg["workers"]
+    desk, _, mac = cfg.workers
     assert [workers_per_host(cfg, w, joined_cluster=False) for w in (desk, mac)] == [3, 3]  # one box for all
     assert [workers_per_host(cfg, w, joined_cluster=True) for w in (desk, mac)] == [2, 1]  # per labelled node

@@ -18,13 +18,21 @@ from hetbench.strategies import registry
 
 # A whole strategy, as a user would add one: ray-ps with every buffer through Ray's object store.
 OBJECT_STORE_ONLY = """
-from hetbench.strategies.ray_ps import RayParameterServer
+from dataclasses import dataclass
+
+from hetbench.config import setting
+from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions
+
+
+@dataclass(frozen=True)
+class Options(RayPsOptions):
+    transport: str = setting("object-store", "not ray-ps's direct connections either")
 
 
 class ObjectStoreOnly(RayParameterServer):
     name = "ray-ps-object-store"
     uses_host_memory = False
-    options = {"transport": ("object-store", "not ray-ps's direct connections either")}
+    options = Options
 """
 
 

@@ -196,5 +196,5 @@ def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
     strategy = Recorder(cfg)
     strategy.thens = []
     with Progress("recorder", 4, 1) as bar:
-        train_repeat(strategy, Schedule.of(cfg), 0, None, bar, seed=0, samples_per_step=cfg["batch_size"])
+        train_repeat(strategy, Schedule.of(cfg.run), 0, None, bar, seed=0, samples_per_step=cfg.run.batch_size)
     assert strategy.thens == [1, 2, 3, None]

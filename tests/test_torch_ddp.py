@@ -16,7 +16,7 @@ def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tm
         strategy = registry.load(name)(cfg)
         try:
             strategy.start()
-            strategy.reset(cfg["seed"])
+            strategy.reset(cfg.run.seed)
             for step in range(4):
                 if step == 2 and name == "torch-ddp":
                     strategy._set_split([16, 48])

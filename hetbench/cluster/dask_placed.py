@@ -16,6 +16,7 @@ from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.multinode import placement_labels
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.placed import Placed
+from hetbench.config import Config
 from hetbench.errors import RunFailed, UserError, WorkersLost, quiet_loggers
 
 LOSS_POLL_S = 0.5  # while a call is unanswered, how often the scheduler is asked whether its worker is gone
@@ -37,9 +38,9 @@ class Part:
 
 
 class DaskPlaced(Placed):
-    def __init__(self, cfg: dict, owner: str, ranks: list[int] | None = None) -> None:
+    def __init__(self, cfg: Config, owner: str, ranks: list[int] | None = None) -> None:
         super().__init__(cfg, owner, ranks)
-        self.joined = bool(cfg["cluster"]["dask_scheduler"])
+        self.joined = bool(cfg.cluster.dask_scheduler)
         self.client = None  # Dask's client, once started
         self.local = None  # the LocalCluster this started, where none was joined
         self.actors: list = []
@@ -50,12 +51,10 @@ class DaskPlaced(Placed):
         # tornado.application: Dask's sync wrapper, interrupted (Ctrl-C, SIGTERM) before its future
         # exists, logs its cancel callback's NameError as "Exception in callback" with a traceback
         quiet_loggers("distributed", "tornado.application")
-        cluster = self.cfg["cluster"]
+        cluster = self.cfg.cluster
         if self.joined:
-            check_reachable(cluster["dask_scheduler"], cluster["connect_timeout_s"])
-            self.client = Client(
-                cluster["dask_scheduler"], timeout=cluster["connect_timeout_s"], direct_to_workers=True
-            )
+            check_reachable(cluster.dask_scheduler, cluster.connect_timeout_s)
+            self.client = Client(cluster.dask_scheduler, timeout=cluster.connect_timeout_s, direct_to_workers=True)
         else:  # one single-threaded worker process per configured worker, on loopback, no dashboard
             self.local = LocalCluster(
                 n_workers=len(self.specs),
@@ -83,7 +82,7 @@ class DaskPlaced(Placed):
         label (joined clusters), else the first free one. Two replicas on one single-threaded Dask
         worker would take turns, and waiting in shared memory, wait on each other for good."""
         available = dask_workers(self.client)
-        labels = [w["node"] if self.joined else None for w in self.specs]
+        labels = [w.node if self.joined else None for w in self.specs]
         carrying = {
             label: [a for a in sorted(available) if label in available[a].get("resources", {})]
             for label in set(labels)
@@ -113,7 +112,7 @@ class DaskPlaced(Placed):
 
     def results(self, handles: list, doing: str, survivable: bool = False) -> list:
         values, lost, failure = [], [], None
-        deadline = now() + self.cfg["cluster"]["step_timeout_s"]  # silent past it: cut off, asleep, gone
+        deadline = now() + self.cfg.cluster.step_timeout_s  # silent past it: cut off, asleep, gone
         for handle in handles:
             try:
                 values.append(self._value(handle, deadline))
@@ -172,8 +171,8 @@ class DaskPlaced(Placed):
         """The worker's address is this machine's (a worker behind an emulated link, in its own namespace,
         is not). In a one-box multi-node cluster only the head node's workers count as this host: the
         other nodes stand for other machines (as they do for Ray)."""
-        head = placement_labels(self.cfg)[0] if self.cfg["cluster"]["mode"] == "local-multinode" else None
-        return _bindable(self.addresses[rank]) and head in (None, self.specs[rank]["node"])
+        head = placement_labels(self.cfg)[0] if self.cfg.cluster.mode == "local-multinode" else None
+        return _bindable(self.addresses[rank]) and head in (None, self.specs[rank].node)
 
     def kill(self, rank: int) -> None:
         try:  # its process ends before it can answer

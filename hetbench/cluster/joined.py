@@ -6,14 +6,15 @@ or without them if `cluster.allow_missing`."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import logging
 import time
+from dataclasses import replace
 
 from hetbench.balance import split_batch
 from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.ray_connection import connect
+from hetbench.config import Config
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -28,7 +29,7 @@ def _dask_labels(client) -> set[str]:
 def _dask_client(cluster: dict):
     from distributed import Client
 
-    return Client(cluster["dask_scheduler"], timeout=cluster["connect_timeout_s"])
+    return Client(cluster.dask_scheduler, timeout=cluster.connect_timeout_s)
 
 
 def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[str]]:
@@ -45,22 +46,22 @@ def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[st
     }
 
 
-def wait_for_workers(cfg: dict) -> dict:
+def wait_for_workers(cfg: Config) -> dict:
     """The config to run: unchanged once every label is there, or without the missing workers."""
-    cluster = cfg["cluster"]
-    for address in (cluster["ray_address"], cluster["dask_scheduler"]):
+    cluster = cfg.cluster
+    for address in (cluster.ray_address, cluster.dask_scheduler):
         if address:
-            check_reachable(address, cluster["connect_timeout_s"])
-    wanted = {w["node"] for w in cfg["workers"] if w["node"]}
-    if not wanted or not (cluster["ray_address"] or cluster["dask_scheduler"]):
+            check_reachable(address, cluster.connect_timeout_s)
+    wanted = {w.node for w in cfg.workers if w.node}
+    if not wanted or not (cluster.ray_address or cluster.dask_scheduler):
         return cfg
     with contextlib.ExitStack() as stack:
         # inside a run, the run's connection: its rows join once
-        ray_conn = connect(cfg, labels=set()) if cluster["ray_address"] else None
+        ray_conn = connect(cfg, labels=set()) if cluster.ray_address else None
         if ray_conn is not None:
             stack.callback(ray_conn.release)
-        dask_client = stack.enter_context(_dask_client(cluster)) if cluster["dask_scheduler"] else None
-        deadline, next_report = time.monotonic() + cluster["wait_for_workers_s"], 0.0
+        dask_client = stack.enter_context(_dask_client(cluster)) if cluster.dask_scheduler else None
+        deadline, next_report = time.monotonic() + cluster.wait_for_workers_s, 0.0
         while True:
             missing = missing_labels(wanted, ray_conn, dask_client)
             if not missing:
@@ -73,17 +74,15 @@ def wait_for_workers(cfg: dict) -> dict:
                 log.info("waiting for %s to join: %.0f s left", who, left)
                 next_report = time.monotonic() + REPORT_EVERY_S
             time.sleep(1.0)
-    if not cluster["allow_missing"]:
+    if not cluster.allow_missing:
         raise UserError(
-            f"{who} did not join within {cluster['wait_for_workers_s']:g} s: start "
+            f"{who} did not join within {cluster.wait_for_workers_s:g} s: start "
             "deploy/mac/worker.sh on that machine, or set cluster.allow_missing to run without it"
         )
-    kept = [w for w in cfg["workers"] if w["node"] not in missing]
+    kept = [w for w in cfg.workers if w.node not in missing]
     if not kept:
-        raise UserError(f"no worker's node joined within {cluster['wait_for_workers_s']:g} s: {who}")
+        raise UserError(f"no worker's node joined within {cluster.wait_for_workers_s:g} s: {who}")
     log.info("running without %s (cluster.allow_missing)", who)
-    out = copy.deepcopy(cfg)
-    out["workers"] = kept  # the global batch stays as configured, split as the kept workers' batches were
-    for worker, batch in zip(kept, split_batch(cfg["batch_size"], [w["batch"] for w in kept])):
-        worker["batch"] = batch
-    return out
+    # the global batch stays as configured, split as the kept workers' batches were
+    batches = split_batch(cfg.run.batch_size, [w.batch for w in kept])
+    return cfg.with_workers(replace(w, batch=b) for w, b in zip(kept, batches))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from hetbench.cluster.placed import Placed
+from hetbench.config import Config
 
 
 def place(
-    cfg: dict,
+    cfg: Config,
     role: type,
     owner: str,
     via: str = "ray",

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+from hetbench.config import Config, WorkerConfig
+
 
 class Placed(ABC):
     """The live workers' processes in rank order; rank r runs configured worker `specs[r]`."""
@@ -22,11 +24,11 @@ class Placed(ABC):
     joined: bool = False  # the workers share a cluster someone else started (their cores too)
     coordinator_name = "the parameter server"
 
-    def __init__(self, cfg: dict, owner: str, ranks: list[int] | None = None) -> None:
+    def __init__(self, cfg: Config, owner: str, ranks: list[int] | None = None) -> None:
         self.cfg, self.owner = cfg, owner
         # which configured workers get a process (all by default; a reference row takes one or two)
-        self.ranks = list(range(len(cfg["workers"]))) if ranks is None else list(ranks)
-        self.specs = [cfg["workers"][r] for r in self.ranks]
+        self.ranks = list(range(len(cfg.workers))) if ranks is None else list(ranks)
+        self.specs = [cfg.workers[r] for r in self.ranks]
         self.info: list[dict] = []
         self.on_death = None  # called first when a process died: whatever waits on it must stop
 
@@ -79,12 +81,12 @@ class Placed(ABC):
         """Stop what this started; idempotent, on every exit path."""
 
 
-def workers_per_host(cfg: dict, worker: dict, joined_cluster: bool) -> int:
+def workers_per_host(cfg: Config, worker: WorkerConfig, joined_cluster: bool) -> int:
     """How many training processes share this worker's host (they split its cores).
 
     Locally all of them (local-multinode's nodes share one box too); in a joined cluster those
     placed on the same labelled node.
     """
-    if not joined_cluster or cfg["cluster"]["mode"] == "local-multinode":
-        return len(cfg["workers"])
-    return sum(1 for w in cfg["workers"] if w["node"] == worker["node"])
+    if not joined_cluster or cfg.cluster.mode == "local-multinode":
+        return len(cfg.workers)
+    return sum(1 for w in cfg.workers if w.node == worker.node)

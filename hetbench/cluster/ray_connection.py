@@ -14,6 +14,7 @@ import threading
 import time
 
 from hetbench.cluster.addresses import check_reachable
+from hetbench.config import Config
 from hetbench.errors import UserError
 
 RAY_ENV = {
@@ -57,11 +58,11 @@ class KeptRay:
         self.connection: RayConnection | None = None
         self.address: str | None = None
 
-    def connect(self, cfg: dict, labels: set[str]) -> RayConnection:
+    def connect(self, cfg: Config, labels: set[str]) -> RayConnection:
         """The kept connection, opened now if there is none, if it serves another address, if its Ray
         was shut down meanwhile, or if its private Ray lacks a label; a joined cluster's labels are
         waited for."""
-        address, kept = cfg["cluster"]["ray_address"], self.connection
+        address, kept = cfg.cluster.ray_address, self.connection
         usable = kept is not None and not kept.closed and kept.ray.is_initialized() and self.address == address
         if usable and not address and not labels <= kept.labels:
             usable = False  # a private Ray has the labels it was started with
@@ -70,7 +71,7 @@ class KeptRay:
             self.connection, self.address = RayConnection(cfg, labels), address
             self.connection.kept = True
         elif address:
-            self.connection.wait_for_labels(labels, cfg["cluster"]["wait_for_workers_s"])
+            self.connection.wait_for_labels(labels, cfg.cluster.wait_for_workers_s)
         return self.connection
 
     def close(self) -> None:
@@ -101,11 +102,11 @@ def ray_kept_for_the_run(keeper: KeptRay | None = None):
             kept.close()
 
 
-def connect(cfg: dict, labels: set[str] | None = None) -> RayConnection:
+def connect(cfg: Config, labels: set[str] | None = None) -> RayConnection:
     """A Ray connection with a node for each of `labels` (default: every configured worker's);
     `release()` it when done. Inside a run, the run's (see KeptRay.connect); outside one, a fresh one."""
     if labels is None:
-        labels = {w["node"] for w in cfg["workers"] if w["node"]}
+        labels = {w.node for w in cfg.workers if w.node}
     if _kept is None:
         return RayConnection(cfg, labels)
     return _kept.connect(cfg, labels)
@@ -118,7 +119,7 @@ class RayConnection:
     kept = False  # the run's: release() leaves it up for the next user
     closed = False
 
-    def __init__(self, cfg: dict, labels: set[str]) -> None:
+    def __init__(self, cfg: Config, labels: set[str]) -> None:
         use_ray_defaults()  # before Ray reads them, in a process that came in through none of the others
         import ray
 
@@ -129,7 +130,7 @@ class RayConnection:
         self.hosts = HostPool()  # the worker processes rows hand on to each other (kept connections)
         self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
         os.environ.update(RAY_ENV)
-        cluster = cfg["cluster"]
+        cluster = cfg.cluster
         quiet = {
             "include_dashboard": False,
             "logging_level": logging.ERROR,
@@ -140,9 +141,9 @@ class RayConnection:
             ray.shutdown()
         self.sigterm = signal.getsignal(signal.SIGTERM)
         try:
-            if cluster["ray_address"]:
-                check_reachable(cluster["ray_address"], cluster["connect_timeout_s"])
-                ray.init(address=cluster["ray_address"], **quiet)
+            if cluster.ray_address:
+                check_reachable(cluster.ray_address, cluster.connect_timeout_s)
+                ray.init(address=cluster.ray_address, **quiet)
             else:
                 self._start_private(labels, quiet)
         except UserError:
@@ -152,7 +153,7 @@ class RayConnection:
             self.close()
             raise UserError(f"could not connect to Ray: {str(e).splitlines()[0]}") from None
         self._keep_sigterm()
-        self.wait_for_labels(labels, cluster["wait_for_workers_s"] if cluster["ray_address"] else 0.0)
+        self.wait_for_labels(labels, cluster.wait_for_workers_s if cluster.ray_address else 0.0)
 
     def _keep_sigterm(self) -> None:
         """Ray's init and shutdown replace the process's SIGTERM handling (shutdown leaves the default,
@@ -230,4 +231,4 @@ def on_driver_node() -> dict:
 
 def placement(worker: dict) -> dict:
     """Actor options that pin a worker to the node advertising its label (anywhere if it has none)."""
-    return {"num_cpus": 0, "resources": {worker["node"]: 0.001} if worker["node"] else {}}
+    return {"num_cpus": 0, "resources": {worker.node: 0.001} if worker.node else {}}

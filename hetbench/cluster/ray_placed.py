@@ -7,6 +7,7 @@ import ray
 
 from hetbench.cluster.placed import Placed
 from hetbench.cluster.ray_connection import connect, on_driver_node, placement
+from hetbench.config import Config
 from hetbench.errors import RunFailed, UserError, WorkersLost
 
 
@@ -18,10 +19,10 @@ DRIVER_NODE = "the driver's node"  # where a coordinator's host runs, as the poo
 
 
 class RayPlaced(Placed):
-    def __init__(self, cfg: dict, owner: str, ranks: list[int] | None = None) -> None:
+    def __init__(self, cfg: Config, owner: str, ranks: list[int] | None = None) -> None:
         super().__init__(cfg, owner, ranks)
-        self.timeout_s = cfg["cluster"]["step_timeout_s"]
-        self.joined = bool(cfg["cluster"]["ray_address"])
+        self.timeout_s = cfg.cluster.step_timeout_s
+        self.joined = bool(cfg.cluster.ray_address)
         self.connection = None  # Ray, joined or started (ray_connection.connect), once started
         self.actors: list = []  # the workers' host actors, in rank order
         self.coordinator = None  # the parameter server's host actor, on the driver's node
@@ -31,7 +32,7 @@ class RayPlaced(Placed):
         self.driver_node = ray.get_runtime_context().get_node_id()
         pool = self.connection.hosts
         self.coordinator = pool.take(DRIVER_NODE, on_driver_node()) if coordinator else None
-        self.actors = [pool.take(spec["node"], placement(spec)) for spec in self.specs]
+        self.actors = [pool.take(spec.node, placement(spec)) for spec in self.specs]
         # a fresh role object in each: nothing of an earlier row's is left in it
         roles = [(a, role) for a in self.actors] + ([(self.coordinator, coordinator)] if coordinator else [])
         self.results([host.become.remote(r) for host, r in roles], "starting")
@@ -101,7 +102,7 @@ class RayPlaced(Placed):
     def close(self) -> None:
         if self.connection:
             if self.connection.kept:  # the run's Ray stays up: its hosts serve the next row
-                hosts = [(spec["node"], a) for spec, a in zip(self.specs, self.actors)]
+                hosts = [(spec.node, a) for spec, a in zip(self.specs, self.actors)]
                 if self.coordinator:
                     hosts.append((DRIVER_NODE, self.coordinator))
                 self.connection.hosts.give_back(hosts)

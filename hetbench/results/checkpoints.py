@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from hetbench.config import Config
 from hetbench.errors import UserError
 from hetbench.inputs import read_text
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
@@ -26,12 +27,13 @@ class RunCheckpoints:
     def __init__(self, results_dir: str, run: str) -> None:
         self.dir = Path(results_dir) / "checkpoints" / run
 
-    def save_run(self, cfg: dict, standalone: dict | None) -> None:
+    def save_run(self, cfg: Config, standalone: dict | None) -> None:
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserError(f"checkpoint directory {self.dir} is not writable: {e.strerror}") from None
-        atomic_write(self.dir / "run.json", json.dumps({"config": redacted(cfg), "standalone": standalone}, indent=2))
+        saved = {"config": redacted(cfg.as_dict()), "standalone": standalone}
+        atomic_write(self.dir / "run.json", json.dumps(saved, indent=2))
 
     def load_run(self) -> tuple[dict, dict | None]:
         if not (self.dir / "run.json").exists():

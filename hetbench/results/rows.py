@@ -10,6 +10,7 @@ import torch
 
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
+from hetbench.config import Config
 from hetbench.gradients import WIRE_DTYPES, count_parameters
 from hetbench.results.records import RecordFile, redacted
 from hetbench.results.report import alone
@@ -23,12 +24,12 @@ from hetbench.workload import Net
 log = logging.getLogger(__name__)
 
 
-def base_row(name: str, cfg: dict, env: dict) -> dict:
+def base_row(name: str, cfg: Config, env: dict) -> dict:
     """What every row's record starts with, whatever became of it."""
-    return {"strategy": name, "config": redacted(cfg), "env": env, **row_fields(name, cfg)}
+    return {"strategy": name, "config": redacted(cfg.as_dict()), "env": env, **row_fields(name, cfg)}
 
 
-def failed_row(name: str, cfg: dict, env: dict, reason: str) -> dict:
+def failed_row(name: str, cfg: Config, env: dict, reason: str) -> dict:
     return {**base_row(name, cfg, env), "status": "failed", "reason": reason, "workers": []}
 
 
@@ -39,11 +40,11 @@ def strategy_row(
     closed (its attributes are still read)."""
     cfg = strategy.cfg
     timed = [t for r in repeats for t in r["timed"]]
-    worker_figures(workers, timed, strategy.floor_transfers, cfg["wire_dtype"])
+    worker_figures(workers, timed, strategy.floor_transfers, cfg.run.wire_dtype)
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
-    transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg["wire_dtype"]].itemsize
+    transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg.run.wire_dtype].itemsize
     return {
         **base,
         "status": "ok",
@@ -59,7 +60,7 @@ def strategy_row(
         "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
         "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
         "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
-        "target_accuracy": cfg["target_accuracy"],
+        "target_accuracy": cfg.run.target_accuracy,
         "startup_s": startup_s,
         "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
         "step": step_summary(timed, strategy.exchange_every),
