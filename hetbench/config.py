@@ -154,7 +154,9 @@ class Config:
     cluster: ClusterConfig = ClusterConfig()
     link: LinkConfig = LinkConfig()
     floor: FloorConfig = FloorConfig()
-    options: dict[str, Any] = field(default_factory=dict)  # strategy name -> its options (a dataclass)
+    # strategy name -> its own settings, checked by its options dataclass and kept as plain values:
+    # a Config crosses to every worker, which then needs no strategy module to read it
+    options: dict[str, dict] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """The YAML's shape, every key resolved: what records and checkpoints keep."""
@@ -163,7 +165,7 @@ class Config:
         out["workers"] = [asdict(w) for w in self.workers]
         out.update({k: v for k, v in run.items() if k not in out})
         out.update({name: asdict(getattr(self, name)) for name in SECTIONS})
-        out.update({name: asdict(options) for name, options in self.options.items()})
+        out.update({name: dict(options) for name, options in self.options.items()})
         return _lists(out)
 
     def with_workers(self, workers) -> Config:
@@ -306,7 +308,7 @@ def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
     return validate(build(merged, workers, options))
 
 
-def build(merged: dict, workers: list[dict], options: dict[str, Any]) -> Config:
+def build(merged: dict, workers: list[dict], options: dict[str, dict]) -> Config:
     run = {k: v for k, v in merged.items() if k in RUN_KINDS}
     run.update(
         {k: tuple(run[k]) for k, kind in RUN_KINDS.items() if kind.want is list and k != "faults"},
@@ -343,7 +345,7 @@ def link_profile(link: dict) -> dict:
     return {**link, "rate": LINK_PROFILES[link["profile"]]}
 
 
-def resolve_options(raw: dict, strategies: Mapping[str, Any]) -> dict[str, Any]:
+def resolve_options(raw: dict, strategies: Mapping[str, Any]) -> dict[str, dict]:
     """Every strategy's own settings (Strategy.options, a dataclass), resolved against its defaults
     (so a run and its records hold them whichever strategies it lists); their sections leave `raw`."""
     resolved = {}
@@ -358,8 +360,8 @@ def resolve_options(raw: dict, strategies: Mapping[str, Any]) -> dict[str, Any]:
         for key, value in values.items():
             if isinstance(value, int | float) and value < 0:
                 raise UserError(f"config key '{name}.{key}' must not be negative, got {value}")
-        resolved[name] = options(**values)
-        cls.check_options(resolved[name])
+        cls.check_options(options(**values))
+        resolved[name] = values  # checked by its dataclass; kept plain, so a worker needs no strategy module
     return resolved
 
 

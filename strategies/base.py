@@ -67,8 +67,8 @@ class Strategy(ABC):
 
     @property
     def settings(self):
-        """This strategy's own settings as the config resolved them (their defaults where it holds none)."""
-        return self.cfg.options.get(self.name) or self.options()
+        """This strategy's own settings, typed, as the config resolved them (its defaults where it holds none)."""
+        return self.options(**self.cfg.options.get(self.name, {}))
 
     @abstractmethod
     def start(self) -> None:

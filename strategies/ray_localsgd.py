@@ -66,7 +66,7 @@ class OuterServer(RayServer):
     def reset(self, cfg: Config, seed: int) -> list:
         weights = super().reset(cfg, seed)
         # (3) the outer optimizer, stepping with the weighted deltas as its gradient
-        outer = cfg.options[NAME]
+        outer = LocalSGDOptions(**cfg.options.get(NAME, {}))
         self.optimizer = torch.optim.SGD(
             self.flat.optimizer_params(),
             lr=outer.outer_lr,
