@@ -295,8 +295,10 @@ def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping
 
 
 def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
-    """A config as a record or checkpoint keeps it (as_dict): resolved already, so its link profile
-    and its rate stand side by side; keys it lacks take today's defaults."""
+    """A config as a record or checkpoint keeps it (as_dict): validated when it was loaded and resolved
+    since (every worker's batch set, the link profile beside its rate), so it is typed, not validated
+    again (a split by proportional or auto would read as batches the user set); keys it lacks take
+    today's defaults."""
     raw = copy.deepcopy(saved)
     link = raw.pop("link", None) or {}
     options = resolve_options(raw, strategies)
@@ -305,7 +307,7 @@ def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
     workers = [
         merge(WORKER_DEFAULTS, w, f"workers[{i}].", KINDS["workers"]) for i, w in enumerate(_worker_list(merged))
     ]
-    return validate(build(merged, workers, options))
+    return build(merged, workers, options)
 
 
 def build(merged: dict, workers: list[dict], options: dict[str, dict]) -> Config:

@@ -152,3 +152,19 @@ def test_every_key_has_a_one_line_doc_and_the_described_defaults_load_as_the_def
     assert shown.returncode == 0 and "  max_staleness: 2  # " in shown.stdout  # a strategy's own, too
     cfg = load_config(write(tmp_path, shown.stdout))
     assert replace(cfg, run=replace(cfg.run, name="run")) == load_config(None)
+
+
+def test_a_config_as_records_keep_it_loads_back_as_it_was(tmp_path):
+    # a checkpoint's run.json: resolved already (every batch set, the profile beside its rate)
+    cfg = load_config(
+        None,
+        [
+            "balance=[equal, proportional, auto]",
+            "workers=[{name: a, node: x}, {node: y, slowdown: 2}]",
+            "cluster.mode=local-multinode",
+            "link.profile=wifi",
+            "faults=[{at_step: 3, kill: worker, target: a}]",
+            "ray-ps-async.max_staleness=1",
+        ],
+    )
+    assert config.from_dict(cfg.as_dict(), registry.declared()) == cfg
