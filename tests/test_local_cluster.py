@@ -301,7 +301,9 @@ from hetbench.cluster.ray_connection import RayConnection
 from helpers import LABELLED, small_config
 
 for _ in range(2):  # a new cluster each time, as for each of the benchmark suite's links and worker counts
-    cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false")
+    # a cold Ray head on this 2-core box has taken over connect_timeout_s's 30 s default under load
+    cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false",
+                       "cluster.connect_timeout_s=90")
     with cluster_for_run(cfg) as (joined, *_):
         connection = RayConnection(joined, {"desktop", "mac"})
         try:
