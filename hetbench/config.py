@@ -160,16 +160,22 @@ class Config:
 
     def as_dict(self) -> dict:
         """The YAML's shape, every key resolved: what records and checkpoints keep."""
-        run = asdict(self.run)
-        out = {k: run[k] for k in ("name", "strategies")}
-        out["workers"] = [asdict(w) for w in self.workers]
-        out.update({k: v for k, v in run.items() if k not in out})
-        out.update({name: asdict(getattr(self, name)) for name in SECTIONS})
+        sections = {name: asdict(getattr(self, name)) for name in SECTIONS}
+        out = yaml_shape(asdict(self.run), [asdict(w) for w in self.workers], sections)
         out.update({name: dict(options) for name, options in self.options.items()})
         return _lists(out)
 
     def with_workers(self, workers) -> Config:
         return replace(self, workers=tuple(workers))
+
+
+def yaml_shape(run: dict, workers: list[dict], sections: dict[str, dict]) -> dict:
+    """The YAML's key order: name and strategies, the workers, the other run keys, then the sections."""
+    out = {k: run[k] for k in ("name", "strategies")}
+    out["workers"] = workers
+    out.update({k: v for k, v in run.items() if k not in out})
+    out.update(sections)
+    return out
 
 
 def _lists(value):
@@ -215,16 +221,9 @@ def defaults_of(section: type) -> dict:
     return _lists({f.name: f.default for f in fields(section) if f.default is not MISSING})
 
 
-def _top_defaults() -> dict:
-    run = defaults_of(RunConfig)
-    out = {k: run[k] for k in ("name", "strategies")}
-    out["workers"] = [{"name": "w0"}]
-    out.update({k: v for k, v in run.items() if k not in out})
-    out.update({name: defaults_of(section) for name, section in SECTIONS.items()})
-    return out
-
-
-DEFAULTS = _top_defaults()
+DEFAULTS = yaml_shape(
+    defaults_of(RunConfig), [{"name": "w0"}], {name: defaults_of(section) for name, section in SECTIONS.items()}
+)
 WORKER_DEFAULTS = defaults_of(WorkerConfig)
 FAULT_KEYS = {f.name: f.type for f in fields(Fault)}
 FAULT_KINDS = typing.get_args(typing.get_type_hints(Fault)["kill"])
@@ -287,11 +286,8 @@ def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping
     merged = merge(DEFAULTS, raw, "", KINDS[""])
     if merged["name"] is None:
         merged["name"] = Path(path).stem if path else "run"
-    workers = [
-        merge(WORKER_DEFAULTS, w, f"workers[{i}].", KINDS["workers"]) for i, w in enumerate(_worker_list(merged))
-    ]
     merged["link"] = link_profile(merged["link"])
-    return validate(build(merged, workers, options))
+    return validate(build(merged, options))
 
 
 def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
@@ -304,13 +300,14 @@ def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
     options = resolve_options(raw, strategies)
     merged = merge(DEFAULTS, raw, "", KINDS[""])
     merged["link"] = merge(defaults_of(LinkConfig), link, "link.", KINDS["link"])
+    return build(merged, options)
+
+
+def build(merged: dict, options: dict[str, dict]) -> Config:
+    """The typed Config of a merged mapping: each worker's keys merged with its defaults here."""
     workers = [
         merge(WORKER_DEFAULTS, w, f"workers[{i}].", KINDS["workers"]) for i, w in enumerate(_worker_list(merged))
     ]
-    return build(merged, workers, options)
-
-
-def build(merged: dict, workers: list[dict], options: dict[str, dict]) -> Config:
     run = {k: v for k, v in merged.items() if k in RUN_KINDS}
     run.update(
         {k: tuple(run[k]) for k, kind in RUN_KINDS.items() if kind.want is list and k != "faults"},
