@@ -14,6 +14,20 @@ if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
 fi
 HEAD_HOST=$1; shift
 cd "$(dirname "$0")/../.."
+if [ "$(uname -s)" = Darwin ]; then  # torch 2.13's only macOS wheel is for macOS 14+ on arm64: say so before installing
+  MACOS=$(sw_vers -productVersion)
+  if [ "${MACOS%%.*}" -lt 14 ]; then
+    echo "worker.sh: torch 2.13 needs macOS 14 or newer and this Mac runs $MACOS: update macOS first" >&2
+    exit 2
+  fi
+  PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}  # the one install.sh takes
+  ARCH=$("$PYTHON" -c 'import platform; print(platform.machine())')
+  if [ "$ARCH" != arm64 ]; then
+    echo "worker.sh: $PYTHON is an $ARCH Python (Rosetta or an Intel Mac) and torch 2.13 for macOS is arm64 only: set PYTHON to an arm64 Python 3.11 (python.org's installer or Homebrew's /opt/homebrew)" >&2
+    exit 2
+  fi
+  export PYTHON
+fi
 VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/hetbench" ]; then  # reused as it is otherwise: the version check below catches drift
   VENV="$VENV" bash deploy/install.sh
