@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -54,12 +55,13 @@ def clusters():
     current: dict = {}
     with contextlib.ExitStack() as stack:
 
-        def get(cfg: dict, key: tuple):
+        def get(cfg, key: tuple):
             if current.get("key") != key:
                 if "stack" in current:
                     current.pop("stack").close()
                 inner = stack.enter_context(contextlib.ExitStack())
-                current.update(key=key, stack=inner, value=inner.enter_context(cluster_for_run(cfg)))
+                joined, startup_s, cluster = inner.enter_context(cluster_for_run(cfg.cluster, cfg.workers, cfg.link))
+                current.update(key=key, stack=inner, value=(replace(cfg, cluster=joined), startup_s, cluster))
             return current["value"]
 
         yield get

@@ -4,7 +4,7 @@ then the gloo floor; records and tables as it goes (results/)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+from dataclasses import replace
 
 from hetbench.clock import now
 from hetbench.cluster.joined import wait_for_workers
@@ -18,8 +18,9 @@ from hetbench.floor import FLOOR_NAME, measure_floor
 from hetbench.gradients import count_parameters
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
+from hetbench.results.output import RunOutput, reopened
 from hetbench.results.records import RecordFile, environment, redacted
-from hetbench.results.report import markdown, write_tables
+from hetbench.results.report import markdown
 from hetbench.results.rows import base_row, failed_row, rescale, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
 from hetbench.standalone import measure_standalone, speeds
@@ -138,22 +139,22 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     env = environment()
     _, test = cached_mnist(cfg.run)  # bad data is refused before any file is reserved
     evaluate = Evaluator(test, cfg.run)
-    out = resumed or RecordFile(cfg.run.results_dir, cfg.run.name)
-    checkpoints = RunCheckpoints(cfg.run.results_dir, out.path.stem) if cfg.run.checkpoint_every else None
+    out = RunOutput(cfg.run, resumed)
     try:
-        if checkpoints:
-            checkpoints.save_run(cfg, standalone)
-        with cluster_for_run(cfg) as (cluster_cfg, cluster_startup_s, cluster), ray_kept_for_the_run():
+        out.save_run(cfg, standalone)
+        with (
+            cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, cluster_startup_s, cluster),
+            ray_kept_for_the_run(),
+        ):
             if cluster_startup_s is not None:
                 log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
-            cluster_cfg = wait_for_workers(cluster_cfg)
+            cluster_cfg = wait_for_workers(replace(cfg, cluster=joined))
             ray_startup_s = open_ray(cluster_cfg)
             at_start = None  # each worker's timings alone at the start (a resumed run has only their medians)
             if standalone is None and wants_standalone(cluster_cfg):
                 at_start = measure_standalone(cluster_cfg)
                 standalone = speeds(at_start)
-                if checkpoints:  # a resumed run splits as this one did
-                    checkpoints.save_run(cfg, standalone)
+                out.save_run(cfg, standalone)  # a resumed run splits as this one did
             rows = planned(cluster_cfg)
             for n, scenario in enumerate(rows, 1):
                 row_cfg, reference = scenario.config(cluster_cfg, standalone)
@@ -163,7 +164,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 log.debug("running %s", scenario.label)
                 where = f"[{n}/{len(rows)}] {scenario.label}"  # the progress line's
                 try:
-                    record = run_strategy(scenario, row_cfg, evaluate, env, standalone, checkpoints, cluster, where)
+                    record = run_strategy(scenario, row_cfg, evaluate, env, standalone, out.checkpoints, cluster, where)
                 except RunFailed as e:  # keep what failed in the records too, then end the run
                     out.add(failed_row(scenario.strategy, row_cfg, env, str(e)))
                     raise
@@ -171,22 +172,17 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 record["ray_startup_s"] = ray_startup_s  # once for the run, before every row: no row's startup
                 if reference:
                     record["reference"] = reference
-                out.add(record)
-                if checkpoints:  # recorded: its checkpoint is no longer needed
-                    checkpoints.remove(scenario.key)
+                out.add(record, scenario.key)
                 if record["status"] == "skipped":
                     log.info("skipped %s: %s", scenario.label, record["reason"])
             if at_start:
-                rescale(out, at_start, measure_standalone(cluster_cfg))
+                rescale(out.file, at_start, measure_standalone(cluster_cfg))
             if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
                 out.add(run_floor(reference_first(cluster_cfg, standalone)[0], env))  # from the reference's node
     finally:
-        if out.records:
-            write_tables(out.records, cfg.run.results_dir, cfg.run.name)
-        else:
-            out.discard()  # refused before any record (e.g. an unreachable cluster): no empty file left
+        out.close()
     print(markdown(out.records))
-    return out
+    return out.file
 
 
 def recorded(records: list[dict], scenario: Scenario) -> bool:
@@ -196,10 +192,6 @@ def recorded(records: list[dict], scenario: Scenario) -> bool:
 
 def resume_run(run_id: str, results_dir: str) -> RecordFile:
     """`hetbench run --resume RUN`: RUN is a record file (results/raw/RUN.json) or its name."""
-    path = Path(run_id)
-    if path.suffix == ".json":
-        results_dir, run_id = str(path.parent.parent), path.stem
-    saved, standalone = RunCheckpoints(results_dir, run_id).load_run()
-    cfg = from_dict({**saved, "results_dir": results_dir}, registry.declared())
-    log.info("resuming run %s", run_id)
-    return run(cfg, RecordFile.reopen(Path(results_dir) / "raw" / f"{run_id}.json"), standalone)
+    saved, standalone, records = reopened(run_id, results_dir)
+    log.info("resuming run %s", records.path.stem)
+    return run(from_dict(saved, registry.declared()), records, standalone)

@@ -78,7 +78,7 @@ class Evaluator:
 
     def __init__(self, test: Split, run: RunConfig) -> None:
         self.images, self.labels = test.tensors("cpu")
-        self.flat = FlatModel(Net(run.dropout))
+        self.flat = FlatModel(Net())  # evaluated in eval mode: the dropout rate plays no part
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))
         self.target = run.target_accuracy

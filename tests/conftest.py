@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 
@@ -130,13 +130,13 @@ def _shared_cluster(_session_data):
         ["workers=[{name: desk, node: desktop}, {name: mac, node: mac}]", "cluster.mode=local-multinode"],
     )
     keeper = KeptRay()
-    with cluster_for_run(cfg) as (joined, _, _):
-        address, scheduler = joined.cluster.ray_address, joined.cluster.dask_scheduler
+    with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, _):
+        address, scheduler = joined.ray_address, joined.dask_scheduler
         joins = [f"cluster.ray_address={address}", f"cluster.dask_scheduler={scheduler}"]
         shared = SharedCluster(joins, address, scheduler, keeper)
         try:
             with ray_kept_for_the_run(keeper):
-                keeper.connect(joined, {"desktop", "mac"})
+                keeper.connect(replace(cfg, cluster=joined), {"desktop", "mac"})
                 labelled = [(label, node["NodeID"]) for node in ray.nodes() for label in node["Resources"]]
                 shared.node_ids = {label: node for label, node in labelled if label in ("desktop", "mac")}
                 shared.node_ip = next(n["NodeManagerAddress"] for n in ray.nodes() if "desktop" in n["Resources"])

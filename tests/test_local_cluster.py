@@ -8,6 +8,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -166,9 +167,9 @@ def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_
             "download=false",
         ],
     )
-    with cluster_for_run(cfg) as (joined, _, cluster):
+    with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster):
         link = cluster.links["mac"]
-        figures = measure_floor(joined, 250_000)  # 1 MB each way per all-reduce
+        figures = measure_floor(replace(cfg, cluster=joined), 250_000)  # 1 MB each way per all-reduce
     # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there, on the workers' path
     assert figures["allreduce_s"] > 0.3 and figures["link"] == {"rate": "20mbit"}
     assert figures["path"] == {
@@ -295,6 +296,7 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 
 TWO_CLUSTERS = """
 import sys
+from dataclasses import replace
 from pathlib import Path
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.ray_connection import RayConnection
@@ -304,10 +306,10 @@ for _ in range(2):  # a new cluster each time, as for each of the benchmark suit
     # a cold Ray head on this 2-core box has taken over connect_timeout_s's 30 s default under load
     cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false",
                        "cluster.connect_timeout_s=90")
-    with cluster_for_run(cfg) as (joined, *_):
-        connection = RayConnection(joined, {"desktop", "mac"})
+    with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, *_):
+        connection = RayConnection(replace(cfg, cluster=joined), {"desktop", "mac"})
         try:
-            print(joined.cluster.ray_address, sorted(k for k in connection.ray.cluster_resources()
+            print(joined.ray_address, sorted(k for k in connection.ray.cluster_resources()
                                                            if k in ("desktop", "mac")))
         finally:
             connection.close()

@@ -171,7 +171,7 @@ class DaskPlaced(Placed):
         """The worker's address is this machine's (a worker behind an emulated link, in its own namespace,
         is not). In a one-box multi-node cluster only the head node's workers count as this host: the
         other nodes stand for other machines (as they do for Ray)."""
-        head = placement_labels(self.cfg)[0] if self.cfg.cluster.mode == "local-multinode" else None
+        head = placement_labels(self.cfg.workers)[0] if self.cfg.cluster.mode == "local-multinode" else None
         return _bindable(self.addresses[rank]) and head in (None, self.specs[rank].node)
 
     def kill(self, rank: int) -> None:

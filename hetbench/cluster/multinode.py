@@ -25,7 +25,7 @@ from hetbench.cluster.netns import Link, check_can_emulate, open_links
 from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
 from hetbench.cluster.ray_connection import RAY_ENV, process_token
-from hetbench.config import Config
+from hetbench.config import ClusterConfig, LinkConfig, WorkerConfig
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -37,16 +37,17 @@ HEALTH_CHECKS = {
 }
 
 
-def placement_labels(cfg: Config) -> list[str]:
+def placement_labels(workers: tuple[WorkerConfig, ...]) -> list[str]:
     """Placement labels in worker order; the first is the head node's (config.validate made sure of one)."""
-    return list(dict.fromkeys(w.node for w in cfg.workers if w.node))
+    return list(dict.fromkeys(w.node for w in workers if w.node))
 
 
 class LocalMultinode:
     """Start with `start()`, stop with `stop()` (idempotent, on every exit path)."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg, self.labels = cfg, placement_labels(cfg)
+    def __init__(self, workers: tuple[WorkerConfig, ...], link: LinkConfig, timeout_s: float) -> None:
+        self.workers, self.rate, self.timeout_s = workers, link.rate, timeout_s  # timeout_s: for each node to come up
+        self.labels = placement_labels(workers)
         self.procs: list[subprocess.Popen] = []
         self.node_procs: dict[str, list[subprocess.Popen]] = {}  # label -> its Ray node and Dask workers
         self.node_args: dict[str, list[str]] = {}  # label -> its `ray start` arguments
@@ -70,10 +71,9 @@ class LocalMultinode:
     def start(self) -> dict:
         """Bring the nodes up; returns the cluster addresses strategies join."""
         try:
-            rate = self.cfg.link.rate
-            if rate:
+            if self.rate:
                 check_can_emulate()
-                self.links = open_links(self.labels[1:], rate)
+                self.links = open_links(self.labels[1:], self.rate)
             self.head_ip = head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
             ray_port, dask_port = free_port(), free_port()
             self.ray_address = f"{head_ip}:{ray_port}"
@@ -113,7 +113,7 @@ class LocalMultinode:
                 "dask-scheduler",
             )
             self._wait_listening(self.dask_scheduler, "the Dask scheduler")
-            for w in self.cfg.workers:
+            for w in self.workers:
                 self._dask_worker(w)
             self._wait_ready()
         except BaseException:
@@ -158,7 +158,7 @@ class LocalMultinode:
         self.node_args[label] = args
         self._spawn([*self._prefix(label), *ray_node_argv(label, *args)], f"ray-{label}", label)
 
-    def _dask_worker(self, worker: dict) -> None:
+    def _dask_worker(self, worker: WorkerConfig) -> None:
         label = worker.node
         host = self.links[label].ns_ip if label in self.links else self.head_ip
         self._spawn(
@@ -186,18 +186,18 @@ class LocalMultinode:
             self.cut.discard(label)
             self.kill_node(label)
             # the scheduler must drop the cut-off workers before new ones may take their names
-            gone = {w.name for w in self.cfg.workers if w.node == label}
+            gone = {w.name for w in self.workers if w.node == label}
             self._wait_dask(lambda names: sorted(gone & names), "did not leave")
         if label in self.node_procs:
             return
         self._ray_node(label, self.node_args[label])
-        for w in self.cfg.workers:
+        for w in self.workers:
             if w.node == label:
                 self._dask_worker(w)
         self._wait_ready()
 
     def _wait_listening(self, address: str, what: str) -> None:
-        deadline = time.monotonic() + self.cfg.cluster.connect_timeout_s
+        deadline = time.monotonic() + self.timeout_s
         while True:
             self._check_alive()
             try:
@@ -207,20 +207,20 @@ class LocalMultinode:
                 if time.monotonic() > deadline:
                     raise UserError(
                         f"local-multinode: {what} did not listen at {address} within "
-                        f"{self.cfg.cluster.connect_timeout_s:g} s (logs: {self.temp_dir})"
+                        f"{self.timeout_s:g} s (logs: {self.temp_dir})"
                     ) from None
                 time.sleep(0.2)
 
     def _wait_ready(self) -> None:
         """Every Dask worker joined (Ray nodes are waited for by whoever joins: RayConnection), or who is missing."""
-        expected = {w.name for w in self.cfg.workers}
+        expected = {w.name for w in self.workers}
         self._wait_dask(lambda names: sorted(expected - names), "did not join")
 
     def _wait_dask(self, offending, what: str) -> None:
         """Poll the scheduler's worker names until `offending(names)` is empty, within connect_timeout_s."""
         from distributed import Client
 
-        timeout = self.cfg.cluster.connect_timeout_s
+        timeout = self.timeout_s
         deadline = time.monotonic() + timeout
         with Client(self.dask_scheduler, timeout=timeout) as client:
             while True:
@@ -254,28 +254,31 @@ class LocalMultinode:
 
 
 @contextmanager
-def cluster_for_run(cfg: Config):
-    """(the config strategies run with, cluster startup seconds, the LocalMultinode or None).
+def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...], link: LinkConfig):
+    """(the cluster section strategies run with, cluster startup seconds, the LocalMultinode or None).
 
     A local-multinode cluster lives exactly as long as the `with` block, and its token only in
     this process's environment meanwhile."""
-    if cfg.cluster.mode != "local-multinode":
-        yield cfg, None, None
+    if cluster_cfg.mode != "local-multinode":
+        yield cluster_cfg, None, None
         return
-    cluster = LocalMultinode(cfg)
+    cluster = LocalMultinode(workers, link, cluster_cfg.connect_timeout_s)
     saved_token = os.environ.get("RAY_AUTH_TOKEN")
     try:
         started = time.perf_counter()
         addresses = cluster.start()
         startup_s = time.perf_counter() - started
         os.environ["RAY_AUTH_TOKEN"] = addresses["token"]
-        joined = replace(
-            cfg.cluster,
-            ray_address=addresses["ray_address"],
-            dask_scheduler=addresses["dask_scheduler"],
-            wait_for_workers_s=cfg.cluster.connect_timeout_s,  # nodes still registering
+        yield (
+            replace(
+                cluster_cfg,
+                ray_address=addresses["ray_address"],
+                dask_scheduler=addresses["dask_scheduler"],
+                wait_for_workers_s=cluster_cfg.connect_timeout_s,  # nodes still registering
+            ),
+            startup_s,
+            cluster,
         )
-        yield replace(cfg, cluster=joined), startup_s, cluster
     finally:
         cluster.stop()
         if saved_token is None:
