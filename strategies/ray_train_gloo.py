@@ -1,10 +1,13 @@
-"""Ray Train with gloo: single.py's loop run by a TorchTrainer, one rank per configured worker.
+"""Ray Train with gloo: torch-ddp's ranks (DDPRank: DDP with our weighted comm hook), started,
+watched and restarted by a TorchTrainer, one rank per configured worker.
 
-(1) each rank computes on its own batch and device; (2) its flat gradient is staged to one CPU
-buffer, pre-scaled by its batch share b_i/B and all-reduced with SUM over gloo (which takes no
-MPS tensors, and NCCL has no Mac), so the sum is the sample-weighted mean; (3) every rank applies
-the same optimizer step. Ray Train owns the loop, so ranks send their per-step timings (and rank 0
-its weights at evaluation steps) to a small collector actor that the driver reads step by step.
+What a Ray Train user writes: the trainer forms the gloo group and runs the loop in each rank; the
+model goes into DistributedDataParallel (as `ray.train.torch.prepare_model` does). (1)-(3) are
+torch-ddp's, in DDPRank.train_step: each rank computes on its own slice, DDP all-reduces each
+gradient bucket pre-scaled by the rank's batch share b_i/B, every rank takes the same optimizer
+step. What differs is who runs the loop: the ranks run the runner's Schedule on their own, and
+send their per-step timings (and rank 0 its weights at evaluation steps) to a small collector
+actor that the driver reads step by step; (4) they re-split among themselves.
 """
 
 from __future__ import annotations
@@ -28,14 +31,12 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.config import Config, WorkerConfig, setting
 from hetbench.errors import RunFailed, quiet_loggers
-from hetbench.gradients import WIRE_DTYPES, batch_shares, from_buffer, weighted_allreduce
+from hetbench.gradients import from_buffer
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.ray_train_collector import Collector
-from hetbench.strategies.roles import Replica
-from hetbench.train_state import load_train_state, train_state
+from hetbench.strategies.torch_ddp import DDPRank
 from hetbench.training import Schedule
-from hetbench.workload import build_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +46,14 @@ def kill_process(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def gathered_split(cfg: Config, replica: Replica, window: list[float]) -> list[int] | None:
+def gathered_split(cfg: Config, rank: DDPRank, window: list[float]) -> list[int] | None:
     """(4) rebalance_every: every rank gathers every rank's computes over the window and derives
     the same new split from them (or None: keep it), so no driver round trip is needed."""
     import torch.distributed as dist
 
     gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, (replica.rank, window))
-    return speed_split(cfg.run.batch_size, replica.batches, [computes for _, computes in sorted(gathered)])
+    dist.all_gather_object(gathered, (rank.rank, window))
+    return speed_split(cfg.run.batch_size, rank.batches, [computes for _, computes in sorted(gathered)])
 
 
 def assign_ranks(workers: tuple[WorkerConfig, ...], labels_by_rank: list[set]) -> list[int]:
@@ -79,67 +80,48 @@ def train_loop(config: dict) -> None:
     import torch.distributed as dist
 
     cfg, collector, joined = config["cfg"], config["collector"], config["joined"]
-    rank = ray.train.get_context().get_world_rank()
+    world_rank = ray.train.get_context().get_world_rank()
     labels_by_rank = [None] * dist.get_world_size()
     dist.all_gather_object(labels_by_rank, node_labels())
-    index = assign_ranks(cfg.workers, [set(labels) for labels in labels_by_rank])[rank]
-    replica = Replica()  # this rank's worker: device resolved here, on its own node
-    info = replica.setup(cfg, index, workers_per_host(cfg, cfg.workers[index], joined))
-    here = {"rank": rank, "node_id": ray.get_runtime_context().get_node_id()}
-    collector.record.remote(("ready",), rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")})
-    share, device = batch_shares(replica.batches)[index], replica.device
+    index = assign_ranks(cfg.workers, [set(labels) for labels in labels_by_rank])[world_rank]
+    rank = DDPRank()  # this rank's worker: device resolved here, on its own node; the group is Ray Train's
+    info = rank.setup(cfg, index, workers_per_host(cfg, cfg.workers[index], joined))
+    here = {"rank": world_rank, "node_id": ray.get_runtime_context().get_node_id()}
+    collector.record.remote(
+        ("ready",), world_rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")}
+    )
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
-    first_repeat, first_step, state = ray.get(collector.begin.remote(rank))
+    first_repeat, first_step, state = ray.get(collector.begin.remote(world_rank))
     schedule, every = Schedule.of(cfg.run), cfg.run.checkpoint_every or cfg.run.eval_every
-    keep_state = rank == 0 and bool(cfg.run.faults or cfg.run.checkpoint_every)
+    keep_state = world_rank == 0 and bool(cfg.run.faults or cfg.run.checkpoint_every)
     for repeat in range(first_repeat, cfg.run.repeats):
-        replica.reset(cfg.run.seed + repeat)
-        total = schedule.total(repeat)
-        flat = replica.flat
-        optimizer = build_optimizer(flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
-        staging = torch.zeros(flat.params.numel(), dtype=WIRE_DTYPES[cfg.run.wire_dtype])
+        rank.reset(cfg.run.seed + repeat)
         if state is not None and repeat == first_repeat:
-            load_train_state(flat, optimizer, state)
+            rank.load_state(state)
         window: list[float] = []  # my computes since the split last changed
-        for step in range(first_step if repeat == first_repeat else 0, total):
-            start = now(device)
-            # (1) compute on my own batch
-            compute_s = replica.local_step(step)
-            computed = now(device)
-            # (2) the sample-weighted rule as one all-reduce over gloo
-            flat.grads.copy_(weighted_allreduce(flat.grads, share, cfg.run.wire_dtype, staging).wait())
-            reduced = now(device)
-            # (3) the same optimizer step on every rank (an emulated slow device is slow here too)
-            replica.work(optimizer.step)
-            updated = now(device)
-            # a rank's own work is its compute, as on one device: forward, backward and its update
-            own_s = compute_s + (updated - reduced)
+        for step in range(first_step if repeat == first_repeat else 0, schedule.total(repeat)):
+            start = now(rank.device)
+            # (1)-(3) as torch-ddp's ranks: my own work is my compute and update, as on one device
+            own_s, _ = rank.train_step(step)
             window.append(own_s)
             split = None
             if schedule.resplits(step, len(window)):  # (4) a new split by the speeds in the run
-                split, window = gathered_split(cfg, replica, window), []
+                split, window = gathered_split(cfg, rank, window), []
                 if split is not None:
-                    replica.resplit(split, index)
-                    share = batch_shares(split)[index]
-            end = now(device)
+                    rank.resplit(split, index)
+            step_s = now(rank.device) - start
             evaluated = schedule.evaluates(repeat, step)
-            timing = {
-                "compute_s": own_s,
-                "comm_s": (reduced - computed) + (end - updated),
-                "total_s": end - start,
-                "peak_rss_mb": peak_rss_mb(),
-            }
-            if split is not None and rank == 0:
+            timing = {"compute_s": own_s, "comm_s": step_s - own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}
+            if split is not None and world_rank == 0:
                 timing["split"] = {w.name: b for w, b in zip(cfg.workers, split)}
-            collector.record.remote(
-                (repeat, step), rank, timing, flat.params.to("cpu").numpy().copy() if evaluated and rank == 0 else None
-            )
+            weights = rank.weights().numpy() if evaluated and world_rank == 0 else None
+            collector.record.remote((repeat, step), world_rank, timing, weights)
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
             # its evaluation never competes with training for the cores
             if keep_state and schedule.due(every, repeat, step):
-                collector.save_state.remote(repeat, step + 1, train_state(flat, optimizer))
+                collector.save_state.remote(repeat, step + 1, rank.state())
             if evaluated and ray.get(collector.hold.remote((repeat, step), cfg.cluster.step_timeout_s)):
                 return
     dist.barrier()
