@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import importlib.util
@@ -48,6 +49,35 @@ class Split:
         """Normalized float images [N,1,28,28] and labels, on `device`, ready for the CNN."""
         x = torch.from_numpy(self.images).float().div_(255).sub_(MEAN).div_(STD).unsqueeze(1)
         return x.to(device), torch.from_numpy(self.labels).to(device)
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """Of the images and labels themselves, not of where they came from: equal data, equal digest."""
+        h = hashlib.blake2b(digest_size=6)
+        for array in (self.images, self.labels):
+            h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
+        return h.hexdigest()
+
+    def fingerprint(self) -> dict:
+        """What a worker reports of the data it trains on (records keep it)."""
+        return {"source": self.source, "samples": len(self.labels), "digest": self.digest}
+
+
+def check_same_data(workers: list[dict]) -> None:
+    """Every worker loads its own copy on its own node: they must hold the same training data, or a
+    synchronous step is no longer one single-device step on the union batch. One sentence if not."""
+    reported = [w for w in workers if "data" in w]
+    other = next((w for w in reported if w["data"]["digest"] != reported[0]["data"]["digest"]), None)
+    if other is not None:
+        raise UserError(
+            f"the workers would train on different data: {_holds(reported[0])}, but {_holds(other)}; "
+            "give every node the same MNIST (data_dir or HETBENCH_DATA_DIR, or download: true)"
+        )
+
+
+def _holds(worker: dict) -> str:
+    data = worker["data"]
+    return f"{worker['name']} has {data['source']} ({data['samples']} images, digest {data['digest']})"
 
 
 # ---- IDX files -------------------------------------------------------------------------------

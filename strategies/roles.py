@@ -37,7 +37,8 @@ class Replica:
         self.spec = cfg.workers[rank]
         self.batches = [w.batch for w in cfg.workers]
         self.device = resolve_device(self.spec.device)
-        self.images, self.labels = cached_mnist(cfg.run, announce=False)[0].tensors(self.device)
+        train = cached_mnist(cfg.run, announce=False)[0]
+        self.images, self.labels = train.tensors(self.device)
         return {
             "name": self.spec.name,
             "device": str(self.device),
@@ -47,6 +48,7 @@ class Replica:
             "threads": torch.get_num_threads(),
             "batch": self.spec.batch,
             "slowdown": self.spec.slowdown,
+            "data": train.fingerprint(),  # the driver refuses workers that differ (data.check_same_data)
         }
 
     def resplit(self, batches: list[int], rank: int) -> None:

