@@ -82,10 +82,12 @@ def cmd_worker(args) -> int:
 
 
 def cmd_devices(args) -> int:
+    from hetbench.device_check import require
     from hetbench.devices import available_devices, describe, resolve_device
 
-    if args.require:  # a container's start: refuse at once where the device it was given is missing
-        resolve_device(args.require)
+    if args.require:  # a container's start: refuse at once where the device it was given cannot train
+        for line in require(args.require):
+            print(line)
     if args.head:  # ... and a desktop the Mac could not reach (WSL2 in NAT mode, a wrong HEAD_HOST)
         from hetbench.cluster.wsl import check_this_desktop
 
@@ -170,7 +172,7 @@ def parser() -> argparse.ArgumentParser:
 
     devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")
     devices.add_argument(
-        "--require", default=None, help="exit 2 in one sentence unless this device (e.g. cuda) is available here"
+        "--require", default=None, help="exit 2 in one sentence unless the model trains on this device (e.g. cuda) here"
     )
     devices.add_argument(
         "--head",

@@ -1,0 +1,72 @@
+"""The device gate: the model must train on the device, and a CUDA desk's driver and GPU must be ones
+torch's CUDA 13 build runs on; each refusal one sentence naming the fix. No GPU needed: nvidia-smi's
+answer and torch's CUDA queries are stand-ins where a GPU would give them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetbench import device_check
+from hetbench.errors import UserError
+
+TURING = {"name": "NVIDIA GeForce RTX 2080", "driver": "580.65.06", "capability": "7.5"}
+
+
+def test_the_model_trains_on_the_cpu():
+    assert device_check.require("cpu") == ["cpu: cpu trains the model (one forward and backward pass)"]
+
+
+@pytest.mark.parametrize(
+    "gpu, refusal",
+    [
+        ({**TURING, "driver": "550.120"}, "driver here is 550.120 and torch .* needs 580 or newer: install a 580\\+"),
+        ({**TURING, "name": "Tesla P100", "capability": "6.0"}, "Tesla P100 is compute capability 6.0 .* needs 7.5"),
+    ],
+)
+def test_an_old_driver_or_gpu_is_refused_with_its_fix(monkeypatch, gpu, refusal):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)  # what an old driver looks like to torch
+    with pytest.raises(UserError, match=refusal) as refused:
+        device_check.require("cuda", lambda index: gpu)
+    assert "\n" not in str(refused.value)
+
+
+def test_a_cuda_build_that_sees_no_gpu_names_the_container_toolkit(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    with pytest.raises(UserError, match="no CUDA device is visible here .*`nvidia-ctk runtime configure"):
+        device_check.require("cuda:1", lambda index: None)
+
+
+def test_a_cpu_build_asked_for_cuda_says_so(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(UserError, match=r"is a CPU build and cannot use 'cuda'"):
+        device_check.require("cuda", lambda index: TURING)
+
+
+def test_a_supported_driver_and_gpu_pass():
+    device_check.check_driver(TURING)
+    device_check.check_driver({**TURING, "driver": "590.1", "capability": "12.0"})
+    device_check.check_driver(None)  # no nvidia-smi: torch's own check decides
+
+
+def test_a_device_that_cannot_run_the_model_is_refused_in_one_sentence(monkeypatch):
+    def no_kernel(model, images, labels):
+        raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nCompile with ...")
+
+    monkeypatch.setattr(device_check, "forward_backward", no_kernel)
+    with pytest.raises(UserError) as refused:
+        device_check.require("cpu")
+    assert str(refused.value) == (
+        "the model does not train on cpu: CUDA error: no kernel image is available for execution on the device"
+    )
+
+
+def test_nvidia_smi_is_read_per_gpu(monkeypatch, tmp_path):
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA RTX 4090, 580.65.06, 8.9'\necho 'Quadro P4000, 580.65.06, 6.1'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert device_check.nvidia_smi(1) == {"name": "Quadro P4000", "driver": "580.65.06", "capability": "6.1"}
+    assert device_check.nvidia_smi(2) is None
