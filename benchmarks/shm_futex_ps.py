@@ -27,7 +27,7 @@ from hetbench.devices import keep_freed_memory
 from hetbench.floor import measure_floor
 from hetbench.gradients import FlatModel, batch_shares, count_parameters, weighted_sum
 from hetbench.results.records import environment
-from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
@@ -53,12 +53,11 @@ def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
     flat = FlatModel(build_model(cfg.run.dropout, cfg.run.seed))
     images, labels = cached_mnist(cfg.run, announce=False)[0].tensors(torch.device("cpu"))
     share = batch_shares(batches)[rank]
+    order = BatchOrder(len(labels), cfg.run.batch_size, cfg.run.seed)
     for step in range(steps):
         shared.wait_weights(step)
         flat.load_params(shared.weights)
-        index = torch.from_numpy(
-            worker_slice(step_indices(len(labels), cfg.run.batch_size, cfg.run.seed, step), batches, rank)
-        )
+        index = worker_slice(order(step), batches, rank)
         start = time.perf_counter()
         flat.zero_grad()
         forward_backward(flat.model, images[index], labels[index])

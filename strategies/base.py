@@ -149,22 +149,35 @@ class Strategy(ABC):
         """Stop everything start() started; called on every exit path."""
 
 
-def step_indices(n: int, global_batch: int, seed: int, step: int) -> np.ndarray:
-    """Sample indices of global batch `step`: epochs of seeded permutations, read in order.
+class BatchOrder:
+    """The sample indices of global batch `step`: epochs of seeded permutations, read in order.
 
-    Every process computes the same indices from (seed, step) alone, so no indices travel.
-    """
-    start, end = step * global_batch, (step + 1) * global_batch
-    first_epoch, last_epoch = start // n, (end - 1) // n
-    parts = []
-    for epoch in range(first_epoch, last_epoch + 1):
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        lo, hi = max(start - epoch * n, 0), min(end - epoch * n, n)
-        parts.append(order[lo:hi])
-    return np.concatenate(parts)
+    Every process computes the same indices from (seed, step) alone, so no indices travel. Each
+    epoch's permutation is drawn once, on the CPU so that every device agrees, and kept on `device`:
+    a step only slices it (no per-step permutation of the whole set, no per-step copy of indices)."""
+
+    def __init__(self, n: int, global_batch: int, seed: int, device: torch.device | str = "cpu") -> None:
+        self.n, self.global_batch, self.seed, self.device = n, global_batch, seed, device
+        self.epochs: dict[int, torch.Tensor] = {}
+
+    def epoch(self, epoch: int) -> torch.Tensor:
+        if epoch not in self.epochs:
+            self.epochs = {e: order for e, order in self.epochs.items() if e == epoch - 1}  # a batch spans two at most
+            seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
+            self.epochs[epoch] = order.to(self.device)
+        return self.epochs[epoch]
+
+    def __call__(self, step: int) -> torch.Tensor:
+        start, end = step * self.global_batch, (step + 1) * self.global_batch
+        parts = []
+        for epoch in range(start // self.n, (end - 1) // self.n + 1):
+            lo, hi = max(start - epoch * self.n, 0), min(end - epoch * self.n, self.n)
+            parts.append(self.epoch(epoch)[lo:hi])
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def worker_slice(indices: np.ndarray, batches: list[int], rank: int) -> np.ndarray:
+def worker_slice(indices: torch.Tensor, batches: list[int], rank: int) -> torch.Tensor:
     """Worker `rank`'s part of a global batch: contiguous, in worker order."""
     offset = sum(batches[:rank])
     return indices[offset : offset + batches[rank]]

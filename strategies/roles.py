@@ -15,7 +15,7 @@ from hetbench.config import Config
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
-from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.train_state import load_train_state, train_state
 from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import build_model, build_optimizer, forward_backward
@@ -64,6 +64,7 @@ class Replica:
 
     def reset(self, seed: int) -> None:
         self.seed = seed
+        self.order = BatchOrder(len(self.labels), self.cfg.run.batch_size, seed, self.device)
         self.flat = FlatModel(build_model(self.cfg.run.dropout, seed).to(self.device))
 
     def attach(self, path: str, numel: int, slots: int, slot: int) -> bool:
@@ -106,17 +107,19 @@ class Replica:
             self.batches, self.rank = batches, rank
 
     def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """My slice of global batch `step`: images and labels on my device."""
-        index = worker_slice(
-            step_indices(len(self.labels), self.cfg.run.batch_size, self.seed, step), self.batches, self.rank
-        )
-        index = torch.from_numpy(index).to(self.device)
+        """My slice of global batch `step`: images and labels, gathered on my device."""
+        index = worker_slice(self.order(step), self.batches, self.rank)
         return self.images[index], self.labels[index]
 
     def local_step(self, step: int) -> float:
-        """(1) forward+backward on my slice of global batch `step` into my flat gradient; its seconds."""
+        """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient; its seconds
+        (gathering the batch is compute: it runs on my device, as a one-device loop's does)."""
+        return self.work(lambda: self.compute_gradient(step))
+
+    def compute_gradient(self, step: int) -> None:
         images, labels = self.my_batch(step)
-        return self.work(lambda: (self.flat.zero_grad(), forward_backward(self.flat.model, images, labels)))
+        self.flat.zero_grad()
+        forward_backward(self.flat.model, images, labels)
 
     def work(self, device_work) -> float:
         """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import torch
 
-from hetbench.clock import now
 from hetbench.cluster.place import place
 from hetbench.config import Config
 from hetbench.step_timing import StepTiming
@@ -36,13 +35,16 @@ class OneDevice(Replica):
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
 
     def train_step(self, step: int) -> float:
-        start = now(self.device)
-        # (1) compute: forward + backward on this step's whole batch
-        self.local_step(step)
-        # (2) combine: nothing to combine on one device
-        # (3) update
-        self.work(self.optimizer.step)
-        return now(self.device) - start
+        """The step's seconds, one clock around it: on a GPU each clock read is a device sync."""
+
+        def step_body() -> None:
+            # (1) compute: forward + backward on this step's whole batch
+            self.compute_gradient(step)
+            # (2) combine: nothing to combine on one device
+            # (3) update
+            self.optimizer.step()
+
+        return self.work(step_body)
 
     def weights(self) -> torch.Tensor:
         return self.flat.params.detach().to("cpu", copy=True)

@@ -12,7 +12,7 @@ import torch
 
 from hetbench.cluster.addresses import free_port
 from hetbench.gradients import FlatModel, batch_shares, copies_ahead_safely, weighted_allreduce, weighted_sum
-from hetbench.strategies.base import step_indices, worker_slice
+from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
 
@@ -144,21 +144,25 @@ def test_prescaled_sum_equals_weighted_mean():
     assert torch.allclose(summed, rule([g.clone() for g in grads], samples), atol=1e-6)
 
 
-def test_step_indices_are_deterministic_and_cover_each_epoch_once():
+def test_batch_order_is_deterministic_and_covers_each_epoch_once():
     n, batch = 100, 32
-    steps = [step_indices(n, batch, seed=3, step=s) for s in range(25)]
+    order = BatchOrder(n, batch, seed=3)
+    steps = [order(s) for s in range(25)]
     assert all(len(s) == batch for s in steps)
-    assert (step_indices(n, batch, seed=3, step=4) == steps[4]).all()
-    stream = torch.tensor([int(i) for s in steps for i in s])
+    assert (BatchOrder(n, batch, seed=3)(4) == steps[4]).all()  # from (seed, step) alone, in any process
+    assert not (BatchOrder(n, batch, seed=4)(4) == steps[4]).all()
+    stream = torch.cat(steps)
     assert sorted(stream[:100].tolist()) == list(range(100))  # epoch 0 is a permutation
     assert sorted(stream[100:200].tolist()) == list(range(100))
+    assert not (stream[:100] == stream[100:200]).all()  # and epoch 1 another
+    assert len(order.epochs) <= 2  # what a step may span, no more kept
 
 
 def test_worker_slices_partition_the_global_batch_in_worker_order():
-    indices = step_indices(1000, 64, seed=0, step=0)
+    indices = BatchOrder(1000, 64, seed=0)(0)
     parts = [worker_slice(indices, BATCHES, r) for r in range(len(BATCHES))]
     assert [len(p) for p in parts] == BATCHES
-    assert (torch.tensor([*parts[0], *parts[1]]) == torch.tensor(indices)).all()
+    assert (torch.cat(parts) == indices).all()
 
 
 def _rank(rank: int, port: int, results) -> None:
