@@ -30,6 +30,7 @@ from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.config import Config, WorkerConfig, setting
+from hetbench.data import check_same_data
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import from_buffer
 from hetbench.step_timing import StepTiming
@@ -187,6 +188,7 @@ class RayTrainGloo(Strategy):
     def _read_ready(self) -> None:
         ready = self._wait(("ready",))[0]
         self.info = [ready[r] for r in sorted(ready)]
+        check_same_data(self.info)  # the ranks load their data on their own nodes, as placed workers do
 
     def _fit(self, trainer) -> None:
         try:
