@@ -21,7 +21,7 @@ from hetbench.clock import now
 from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
 from hetbench.cluster.place import place
-from hetbench.gradients import batch_shares, weighted_allreduce
+from hetbench.gradients import WIRE_DTYPES, batch_shares, weighted_allreduce
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import Replica
@@ -48,14 +48,15 @@ class DDPRank(Replica):
         # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors)
         self.ddp = DistributedDataParallel(self.flat.model, init_sync=False)
         self.ddp.register_comm_hook(None, self._allreduce)
+        self.staging: dict[int, torch.Tensor] = {}
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
 
     def train_step(self, step: int) -> tuple[float, float]:
-        """My own work's seconds (compute and update, as on one device) and the whole step's."""
+        """My own work's seconds (gathering my slice, compute and update, as on one device) and the whole step's."""
         start = now(self.device)
+        self.computed, self.started = 0.0, self.clock_in()
         images, labels = self.my_batch(step)
         self.flat.zero_grad()
-        self.computed, self.started = 0.0, self.clock_in()
         # (1) forward + backward on my slice; (2) runs inside backward, in _allreduce, bucket by bucket
         forward_backward(self.ddp, images, labels)
         # (3) the same optimizer step on every rank
@@ -66,9 +67,20 @@ class DDPRank(Replica):
         """(2) one bucket, as backward fills it: x my batch share, SUM over the group in the wire
         dtype, staged on CPU (gloo takes no MPS tensors); DDP copies the result into the gradients."""
         self.computed += self.clock_out(self.started)  # my compute so far (an emulated slow device waits here)
-        reduced = weighted_allreduce(bucket.buffer(), batch_shares(self.batches)[self.rank], self.cfg.run.wire_dtype)
+        share, wire = batch_shares(self.batches)[self.rank], self.cfg.run.wire_dtype
+        reduced = weighted_allreduce(bucket.buffer(), share, wire, self._staging(bucket.index(), bucket.buffer()))
         self.started = self.clock_in()
         return reduced
+
+    def _staging(self, index: int, buffer: torch.Tensor) -> torch.Tensor:
+        """Bucket `index`'s CPU buffer in the wire dtype, made once and reused every step (DDP waits
+        for every bucket's all-reduce before the next step can fill it); pinned under CUDA."""
+        staging = self.staging.get(index)
+        if staging is None or staging.numel() != buffer.numel():
+            pinned = buffer.device.type == "cuda"
+            staging = torch.empty(buffer.numel(), dtype=WIRE_DTYPES[self.cfg.run.wire_dtype], pin_memory=pinned)
+            self.staging[index] = staging
+        return staging
 
     weights, state, load_state = OneDevice.weights, OneDevice.state, OneDevice.load_state
 
