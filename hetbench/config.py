@@ -25,7 +25,7 @@ import yaml
 
 from hetbench.balance import split_batch
 from hetbench.errors import UserError
-from hetbench.inputs import load_yaml, read_text
+from hetbench.inputs import MAX_CONFIG_BYTES, load_yaml, read_text
 
 EMPTY: Mapping[str, Any] = MappingProxyType({})  # no strategy declares settings
 
@@ -271,7 +271,7 @@ def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping
     them: their own settings are read from the sections under their names."""
     raw: dict = {}
     if path:
-        text = read_text(path, "config file")
+        text = read_text(path, "config file", MAX_CONFIG_BYTES)
         try:
             raw = load_yaml(text) or {}
         except yaml.YAMLError as e:

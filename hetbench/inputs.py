@@ -9,19 +9,21 @@ import yaml
 
 from hetbench.errors import UserError
 
-MAX_BYTES = 16 * 1024 * 1024  # far above any config or record file a run writes; a larger one is a mistake
+MAX_BYTES = 16 * 1024 * 1024  # far above any record or checkpoint file a run writes; a larger one is a mistake
+MAX_CONFIG_BYTES = 256 * 1024  # ours are under 2 KB; YAML parses a few MB for minutes, so refuse before parsing
 
 
-def read_text(path: str | Path, what: str) -> str:
-    """The file's UTF-8 text; `what` names it in the sentence ("config file", "record file")."""
+def read_text(path: str | Path, what: str, max_bytes: int = MAX_BYTES) -> str:
+    """The file's UTF-8 text; `what` names it in the sentence ("config file", "record file"); a file
+    over `max_bytes` is refused before it is read."""
     file = Path(path)
     try:
         if file.is_dir():
             raise UserError(f"{what} {path} is a directory, not a file")
         if not file.exists():
             raise UserError(f"{what} {path} does not exist")
-        if file.stat().st_size > MAX_BYTES:
-            raise UserError(f"{what} {path} is {file.stat().st_size:,} bytes: more than {MAX_BYTES:,}, not one of ours")
+        if file.stat().st_size > max_bytes:
+            raise UserError(f"{what} {path} is {file.stat().st_size:,} bytes: more than {max_bytes:,}, not one of ours")
         return file.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{what} {path} is not UTF-8 text") from None

@@ -117,8 +117,10 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a
         (lambda p: p.mkdir(), "is a directory, not a file"),
         (lambda p: p.write_text(BOMB), "anchors and aliases (*name) are not allowed"),
         (lambda p: open(p, "wb").truncate(17 * 1024 * 1024), "bytes: more than"),
+        # valid YAML, a few MB: refused before parsing (PyYAML would take minutes over it)
+        (lambda p: p.write_text("strategies: [single]\n" + "# padding\n" * 300_000), "bytes: more than 262,144"),
     ],
-    ids=["binary", "directory", "alias-bomb", "huge"],
+    ids=["binary", "directory", "alias-bomb", "huge", "megabytes-of-yaml"],
 )
 def test_a_config_that_is_not_a_config_file_is_one_sentence(cli, tmp_path, make, message):
     path = tmp_path / "cfg.yaml"
