@@ -131,7 +131,8 @@ def run_floor(cfg: Config, env: dict) -> dict:
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
-    """Run every planned row, then the floor; a failing row keeps the records before it.
+    """Run every planned row, then the floor; a failed row is recorded with its reason and the run goes
+    on (RunFailed at the end says so). Interrupted or refused, the records so far are kept.
 
     `resumed`: an interrupted run's records; what they hold is not run again.
     """
@@ -155,7 +156,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 at_start = measure_standalone(cluster_cfg)
                 standalone = speeds(at_start)
                 out.save_run(cfg, standalone)  # a resumed run splits as this one did
-            rows = planned(cluster_cfg)
+            rows, failed = planned(cluster_cfg), []
             for n, scenario in enumerate(rows, 1):
                 row_cfg, reference = scenario.config(cluster_cfg, standalone)
                 if recorded(out.records, scenario):
@@ -165,9 +166,11 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 where = f"[{n}/{len(rows)}] {scenario.label}"  # the progress line's
                 try:
                     record = run_strategy(scenario, row_cfg, evaluate, env, standalone, out.checkpoints, cluster, where)
-                except RunFailed as e:  # keep what failed in the records too, then end the run
+                except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
                     out.add(failed_row(scenario.strategy, row_cfg, env, str(e)))
-                    raise
+                    failed.append(str(e))
+                    log.warning("%s failed: %s; going on with the next row", scenario.label, e)
+                    continue
                 record["cluster_startup_s"] = cluster_startup_s
                 record["ray_startup_s"] = ray_startup_s  # once for the run, before every row: no row's startup
                 if reference:
@@ -179,6 +182,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 rescale(out.file, at_start, measure_standalone(cluster_cfg))
             if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
                 out.add(run_floor(reference_first(cluster_cfg, standalone)[0], env))  # from the reference's node
+            if failed:  # the tables and the verdict hold the rows that finished; the exit status says the rest
+                raise RunFailed(failed[0] if len(failed) == 1 else f"{len(failed)} rows failed, the first: {failed[0]}")
     finally:
         out.close()
     print(markdown(out.records))

@@ -72,9 +72,9 @@ def fake_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
 
 
-def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: str):
-    """Run `single` then `name`, whose step 3 starts by `kill(strategy)`; returns the failure and the
-    records the run kept."""
+def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: str, then: str):
+    """Run `single`, `name`, whose step 3 starts by `kill(strategy)`, and `then`; returns the failure
+    the run ended with and its records."""
     from hetbench.errors import RunFailed
     from hetbench.runner import run
 
@@ -89,7 +89,7 @@ def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: 
     cfg = small_config(
         tmp_path,
         "name=killed",
-        f"strategies=[single, {name}]",
+        f"strategies=[single, {name}, {then}]",
         "workers=[{name: big, batch: 40}, {name: small, batch: 24}]",
         "steps=6",
         "repeats=1",

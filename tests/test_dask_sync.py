@@ -11,15 +11,23 @@ from hetbench.strategies import dask_sync
 
 
 @pytest.mark.slow
-def test_losing_every_worker_ends_the_run_clearly_and_keeps_earlier_records(tmp_path, monkeypatch):
+def test_losing_every_worker_fails_its_row_clearly_and_the_run_goes_on(tmp_path, monkeypatch):
     def kill_every_worker(strategy):  # one lost worker is survived (test_faults.py)
         pids = strategy.placed.client.run(os.getpid, workers=strategy.placed.addresses)
         for address in strategy.placed.addresses:
             os.kill(pids[address], signal.SIGKILL)
 
-    message, records = run_killing_a_worker(tmp_path, monkeypatch, dask_sync.DaskSync, kill_every_worker, "dask-sync")
+    message, records = run_killing_a_worker(
+        tmp_path, monkeypatch, dask_sync.DaskSync, kill_every_worker, "dask-sync", then="torch-ddp"
+    )
     assert message == "dask-sync: every worker was lost (the last, 'big', at step 3)"
-    assert [(r["strategy"], r["status"]) for r in records] == [("single", "ok"), ("dask-sync", "failed")]
+    # one failed row is one failed row: the run went on with the next
+    assert [(r["strategy"], r["status"]) for r in records] == [
+        ("single", "ok"),
+        ("dask-sync", "failed"),
+        ("torch-ddp", "ok"),
+    ]
+    assert records[1]["reason"] == message
 
 
 def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, shared_cluster):
