@@ -22,6 +22,11 @@ from hetbench.errors import RunFailed, UserError, WorkersLost, quiet_loggers
 LOSS_POLL_S = 0.5  # while a call is unanswered, how often the scheduler is asked whether its worker is gone
 
 
+class Unanswered(Exception):
+    """A call whose worker the scheduler still has did not answer by the deadline: busy or stuck, not lost.
+    (Not TimeoutError: that is an OSError, which is how a lost worker's connection fails.)"""
+
+
 class Done:
     """A value the coordinator (this process) already has, as a handle like the others."""
 
@@ -112,12 +117,19 @@ class DaskPlaced(Placed):
 
     def results(self, handles: list, doing: str, survivable: bool = False) -> list:
         values, lost, failure = [], [], None
-        deadline = now() + self.cfg.cluster.step_timeout_s  # silent past it: cut off, asleep, gone
+        timeout_s = self.cfg.cluster.step_timeout_s
+        deadline = now() + timeout_s  # silent past it: cut off, asleep, gone
         for handle in handles:
             try:
                 values.append(self._value(handle, deadline))
             except UserError:
                 raise
+            except Unanswered:
+                name = self.specs[self.addresses.index(handle.address)].name
+                failure = failure or (
+                    f"worker '{name}' did not answer within {timeout_s:g} s, though it is still connected "
+                    "(busy or stuck, not lost: a slower machine may need a larger cluster.step_timeout_s)"
+                )
             except Exception as e:  # a lost worker, or a call's own exception
                 if isinstance(e, OSError) or "Worker holding Actor was lost" in str(e):
                     lost.append(self.addresses.index(handle.address))  # measured: OSError, then RuntimeError
@@ -129,7 +141,7 @@ class DaskPlaced(Placed):
         if lost and survivable:
             raise WorkersLost(lost)
         if lost:
-            raise RunFailed(f"{self.owner} failed while {doing}: worker '{self.specs[lost[0]]['name']}' was lost")
+            raise RunFailed(f"{self.owner} failed while {doing}: worker '{self.specs[lost[0]].name}' was lost")
         return values
 
     def _value(self, handle, deadline: float):
@@ -144,8 +156,10 @@ class DaskPlaced(Placed):
                 value = handle.future.result(timeout=max(0.1, min(LOSS_POLL_S, deadline - now())))
                 return value if handle.index is None else value[handle.index]
             except TimeoutError:
-                if now() >= deadline or not self.alive(handle.address):
-                    raise
+                if not self.alive(handle.address):
+                    raise  # lost
+                if now() >= deadline:
+                    raise Unanswered() from None
 
     def alive(self, address: str) -> bool:
         """Whether the scheduler still has this Dask worker."""

@@ -63,7 +63,7 @@ class RayPlaced(Placed):
             dead = self._dead_ranks()
             if dead and survivable:
                 raise WorkersLost(dead) from None
-            who = f"worker '{self.specs[dead[0]]['name']}'" if dead else self.coordinator_name
+            who = f"worker '{self.specs[dead[0]].name}'" if dead else self.coordinator_name
             raise RunFailed(f"{self.owner}: {who} died while {doing}") from None
         except ray.exceptions.GetTimeoutError:
             raise RunFailed(
