@@ -101,3 +101,16 @@ def test_recorded_config_redacts_tokens():
     out = redacted(cfg)
     assert out["cluster"] == {"ray_token": "<redacted>", "ray_address": "h:6379"}
     assert out["workers"][0]["auth_token"] == "<redacted>" and cfg["cluster"]["ray_token"] == "s3cret"
+
+
+def test_a_scaling_efficiency_above_100_percent_is_drift_not_a_result():
+    drifted = record("ray-ps", 900.0, scaling_efficiency=1.008)
+    scaled = record("dask-sync", 700.0, scaling_efficiency=0.8)
+    records = [record("single", 1000.0), drifted, scaled]
+    table = {row[0]: dict(zip(COLUMNS, row)) for row in rows(records)}
+    assert table["ray-ps"]["scaling eff"] == "drift" and table["dask-sync"]["scaling eff"] == 0.8
+    md = markdown(records)
+    assert "| drift " in md and "100.8%" not in md and "80.0%" in md
+    parsed = {r["strategy"]: r for r in csv.DictReader(io.StringIO(to_csv(records)))}
+    assert parsed["ray-ps"]["scaling eff"] == "drift"
+    assert drifted["scaling_efficiency"] == 1.008  # the record keeps what was measured

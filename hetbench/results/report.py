@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
-from hetbench.results.plots import write_plots
+from hetbench.results.plots import scaling_figure, write_plots
 from hetbench.results.records import atomic_write, hand_to_owner
 from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
@@ -96,7 +96,7 @@ def rows(records: list[dict]) -> list[list]:
                 r.get("samples_per_s"),
                 r.get("samples_per_s_cv", r.get("allreduce_cv")),
                 r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
-                r.get("scaling_efficiency"),
+                scaling_figure(r),
                 _ms(step.get("compute_s")),
                 _ms(step.get("comm_s")),
                 _ms(step.get("update_s")) if step.get("update_s") else None,
@@ -243,7 +243,8 @@ speeds measured alone, then once more by those of the warm-up steps, where the w
 machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
 the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
 trains alone on the whole batch in the same run (the median of its timings at the start and at the end of
-the run; auto's first split uses those at the start). "(slowed Nx)" marks an emulated slow worker.
+the run; auto's first split uses those at the start; "drift": above 100%, which says the machine's speed moved
+between those timings and the row, not that the row beat its workers). "(slowed Nx)" marks an emulated slow worker.
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
 same run, over the same link), k = the strategy's transfers of the model per step (1 for an
 all-reduce, 2 for a parameter server: gradient up, then weights down): what the link allows a
