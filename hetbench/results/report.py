@@ -34,6 +34,7 @@ COLUMNS = [
     "vs predicted",
     "test acc",
     "time to target s",
+    "steps to target",
     "startup s",
     "status",
 ]
@@ -106,6 +107,7 @@ def rows(records: list[dict]) -> list[list]:
                 *_predicted(r, floor),
                 r.get("final_accuracy"),
                 r.get("time_to_target_s"),
+                r.get("steps_to_target"),
                 r.get("startup_s"),
                 r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else ""),
             ]
@@ -254,4 +256,5 @@ on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat b
 reference worker's node and the next worker's (the workers' own path), measured in the same run, and
 "vs floor" divides by it. startup s: a row's own processes and data; Ray starts once per run, before
 the rows (ray_startup_s in the records). time to target: training clock
-(evaluation excluded) until the test accuracy first reached the config's target_accuracy."""
+(evaluation excluded) until the test accuracy first reached the config's target_accuracy; steps to target
+(--wide, CSV): the same in steps, as often as accuracy was checked (eval_every)."""

@@ -43,6 +43,7 @@ def strategy_row(
     worker_figures(workers, timed, strategy.floor_transfers, cfg.run.wire_dtype)
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
+    steps = [steps_to_target(r["curve"], cfg.run.target_accuracy) for r in evaluated]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg.run.wire_dtype].itemsize
     return {
@@ -59,6 +60,9 @@ def strategy_row(
         "repeat_timed_steps": [len(r["timed"]) for r in repeats],
         "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
         "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
+        # the same in steps, at the curve's resolution (every eval_every steps): a synchronous step is
+        # one single-device step on the union batch, so steps should match the baseline's in expectation
+        "steps_to_target": median(steps) if None not in steps else None,
         "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
         "target_accuracy": cfg.run.target_accuracy,
         "startup_s": startup_s,
@@ -96,6 +100,11 @@ def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> dict:
         "update_s": typical([t.update_s for t in timed]),
         "exchange_every": exchange_every,
     }
+
+
+def steps_to_target(curve: list[dict], target: float) -> int | None:
+    """The first evaluated step whose test accuracy reached `target`; None if none did."""
+    return next((point["step"] for point in curve if point["accuracy"] >= target), None)
 
 
 def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: dict | None) -> dict:
