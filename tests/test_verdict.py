@@ -127,3 +127,19 @@ def test_what_if_is_checked_against_a_run_over_an_emulated_link():
     # 256 / (0.064 + 0.394 + 0 own overhead) = 559 predicted, 500 measured
     assert lines["ray-train-gloo"] == ["auto", "559", "500", "+12%"]
     assert against([SINGLE, floor, ALLREDUCE], [linked]) == ""  # the linked run names no rate
+
+
+def test_times_to_target_within_the_runs_resolution_and_spread_are_said_to_match():
+    # accuracy checked every 25 steps of 256 samples: at 3,000 samples/s one interval is 2.1 s
+    config = {"batch_size": 256, "eval_every": 25}
+    base = {**SINGLE, "config": config}
+    close = {**ALLREDUCE, "config": config, "time_to_target_s": 38.5}
+    assert verdict([base, FLOOR, close])[0].endswith(
+        "; 97% test accuracy in the same training time as desk alone, as far as this run can tell "
+        "(38 s and 40 s: within 2.1 s)."
+    )
+    # 5 s apart is beyond 2.1 s, unless the repeats' own times spread wider
+    apart = {**ALLREDUCE, "config": config, "time_to_target_s": 35.0}
+    assert verdict([base, FLOOR, apart])[0].endswith("after 35 s of training against 40 s for desk alone.")
+    spread = {**apart, "repeat_time_to_target_s": [31.0, 35.0, 39.0]}
+    assert "as far as this run can tell (35 s and 40 s: within 9.8 s)" in verdict([base, FLOOR, spread])[0]

@@ -60,6 +60,7 @@ def strategy_row(
         "repeat_timed_steps": [len(r["timed"]) for r in repeats],
         "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
         "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
+        "repeat_time_to_target_s": [r["time_to_target_s"] for r in evaluated],  # its spread: verdict.uncertainty
         # the same in steps, at the curve's resolution (every eval_every steps): a synchronous step is
         # one single-device step on the union batch, so steps should match the baseline's in expectation
         "steps_to_target": median(steps) if None not in steps else None,

@@ -101,4 +101,20 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
     target = record.get("target_accuracy")
     if mine is None or theirs is None or target is None:
         return ""
+    margin = max(uncertainty(record), uncertainty(base))
+    if abs(mine - theirs) <= margin:  # a gain this run cannot tell from its resolution and spread
+        return (
+            f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run "
+            f"can tell ({mine:.0f} s and {theirs:.0f} s: within {margin:.1f} s)"
+        )
     return f"; {target:.0%} test accuracy after {mine:.0f} s of training against {theirs:.0f} s for {alone} alone"
+
+
+def uncertainty(record: dict) -> float:
+    """Seconds within which two times to target cannot be told apart: one evaluation interval of
+    training (the target was crossed somewhere inside it) plus the spread of the evaluated repeats."""
+    config = record.get("config") or {}
+    every, batch, rate = config.get("eval_every"), config.get("batch_size"), record.get("samples_per_s")
+    interval = every * batch / rate if every and batch and rate else 0.0
+    times = [t for t in record.get("repeat_time_to_target_s") or [] if t is not None]
+    return interval + (max(times) - min(times) if len(times) > 1 else 0.0)
