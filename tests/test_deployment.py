@@ -32,6 +32,16 @@ def test_compose_the_readme_and_the_smokes_firewall_name_the_fixed_ports_of_node
         assert any(r[0] <= port <= r[-1] for r in ranges), f"the smoke's firewall does not open {port}"
 
 
+def test_compose_services_get_open_files_for_ray_and_one_copy_of_mnist():
+    from hetbench.config import RunConfig
+
+    for name, service in COMPOSE["services"].items():
+        assert service["ulimits"]["nofile"] == {"soft": 65536, "hard": 65536}, name
+    for name in ("ray-head", "dask-worker", "runner"):  # where MNIST is loaded: Ray's workers, Dask's, the driver
+        assert "mnist:/root/.cache/hetbench" in COMPOSE["services"][name]["volumes"], name
+    assert RunConfig().cache_dir == "~/.cache/hetbench/mnist"  # the volume holds cache_dir's default (root's home)
+
+
 def test_compose_gives_the_token_to_the_ray_services_only_and_from_a_file():
     for name, service in COMPOSE["services"].items():
         assert "RAY_AUTH_TOKEN" not in (service.get("environment") or {}), name

@@ -47,6 +47,11 @@ def gpu_policy(args) -> None:
     if not checked:
         fail("no service of the compose file trains: the policy checked nothing")
     print(f"check_compose: ok: {', '.join(checked)} reserve the GPU")
+    for name, service in services.items():  # Ray opens sockets and files per worker process
+        nofile = (service.get("ulimits") or {}).get("nofile") or {}
+        if min(nofile.get("soft", 0), nofile.get("hard", 0)) < 65536:
+            fail(f"service {name} may open fewer than 65,536 files ({nofile or 'the engine default'})")
+    print("check_compose: ok: every service may open 65,536 files")
 
 
 def check_records(records: list[dict], strategies: list[str], floor: bool) -> None:

@@ -133,10 +133,15 @@ ENV
 # the desk's host name resolves to 127.0.1.1 in every service, as Debian's and Ubuntu's /etc/hosts
 # say (here it resolves to 127.0.0.1, below the Mac's address: gloo would form by luck)
 printf '127.0.0.1 localhost\n127.0.1.1 %s\n' "$(hostname)" > "$WORK/hosts"
+# compose.yaml asks 65,536 open files (gpu-policy checks it stays so); a container cannot go past the
+# engine's own hard limit, and root here cannot raise it past this machine's (20,000 on CI's)
+NOFILE=$(ulimit -Hn)
+if [ "$NOFILE" = unlimited ] || [ "$NOFILE" -ge 65536 ]; then NOFILE=65536; fi
 {
   echo "services:"
   for service in gpu-check ray-head dask-scheduler dask-worker runner; do
     printf '  %s:\n    volumes: ["%s:/etc/hosts:ro"]\n' "$service" "$WORK/hosts"
+    printf '    ulimits: {nofile: {soft: %s, hard: %s}}\n' "$NOFILE" "$NOFILE"
   done
 } > "$WORK/compose.hosts.yaml"
 "${COMPOSE[@]}" config --quiet
