@@ -56,6 +56,11 @@ def synchronize(device: torch.device) -> None:
         torch.mps.synchronize()
 
 
+def gloo_takes(device: torch.device) -> bool:
+    """Whether gloo's collectives take this device's tensors as they are (CPU and CUDA; not MPS)."""
+    return device.type in ("cpu", "cuda")
+
+
 def describe(device: torch.device) -> str:
     if device.type == "cuda":
         return f"{device} ({torch.cuda.get_device_name(device)})"

@@ -101,6 +101,65 @@ def weighted_allreduce(grads: torch.Tensor, share: float, wire_dtype: str, stagi
     return reduced.then(lambda done: done.value()[0].to(grads.device, grads.dtype))
 
 
+def weighted_powersgd(bucket, share: float, state, staging: torch.Tensor | None = None):
+    """The rule through torch's own PowerSGD hook (low-rank factors, its error feedback): the bucket
+    x my share x the world size, since the hook averages, so its mean is the sample-weighted mean.
+
+    `staging`: a float32 CPU buffer of the bucket's size where gloo cannot take the bucket's tensors
+    (MPS): the hook then runs on a CPU copy. Returns a future of the result on the bucket's device.
+    """
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    grads = bucket.buffer()
+    grads.mul_(share * dist.get_world_size())
+    if staging is None:
+        return powerSGD_hook(state, bucket)
+    return powerSGD_hook(state, StagedBucket(bucket, staging)).then(lambda done: done.value().to(grads.device))
+
+
+class StagedBucket:
+    """A DDP bucket as torch's hooks read it (buffer, per-parameter views, index, is_last), over a
+    CPU copy of its buffer."""
+
+    def __init__(self, bucket, staging: torch.Tensor) -> None:
+        self.bucket, self.staged = bucket, staging.copy_(bucket.buffer())
+        self.views, offset = [], 0
+        for grad in bucket.gradients():  # the bucket's buffer is its gradients end to end, in order
+            self.views.append(self.staged[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
+
+    def buffer(self) -> torch.Tensor:
+        return self.staged
+
+    def gradients(self) -> list[torch.Tensor]:
+        return self.views
+
+    def index(self) -> int:
+        return self.bucket.index()
+
+    def is_last(self) -> bool:
+        return self.bucket.is_last()
+
+    def parameters(self) -> list[torch.Tensor]:
+        return self.bucket.parameters()
+
+
+def powersgd_fraction(model: nn.Module, rank: int, min_compression_rate: float = 2) -> float:
+    """The share of the model's elements PowerSGD's hook sends per step: an n x m gradient (a
+    parameter's first dimension by the rest) goes as rank-k factors, (n + m) k elements, where that
+    is `min_compression_rate` times smaller, else whole (the hook's own rule)."""
+    sent = total = 0
+    for p in model.parameters():
+        n = p.shape[0]
+        m = p.numel() // n
+        k = min(n, m, rank)
+        compressed = (n + m) * k
+        sent += compressed if compressed * min_compression_rate < n * m else n * m
+        total += n * m
+    return sent / total
+
+
 def to_wire(flat: torch.Tensor, wire_dtype: str):
     """A flat buffer as it leaves for another process by value: a CPU numpy array in `wire_dtype`
     (float32: the buffer itself, no copy). numpy has no bfloat16: its bits travel as int16."""

@@ -58,6 +58,7 @@ class Strategy(ABC):
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
+        self.wire_dtype = cfg.run.wire_dtype  # what its transfers travel in (torch-ddp's PowerSGD: float32)
         self.events: list[dict] = []  # what was lost, when, and the split that went on
         self.lost: list[dict] = []  # worker_info of the lost workers, with lost_at_step
         self.info: list[dict] = []  # per live worker, in rank order: what worker_info reports

@@ -9,34 +9,52 @@ Differs from single.py in (1)-(3): (1) each rank computes on its own slice of th
 each bucket is pre-scaled by the rank's batch share b_i/B and summed, so every rank holds the
 sample-weighted mean (DDP's own average would weight a 40-sample slice like a 24-sample one);
 (3) every rank takes the same optimizer step.
+
+With `compression: powersgd` the bucket goes through torch's own PowerSGD hook instead, pre-scaled
+the same way: low-rank factors of each gradient matrix, with the hook's error feedback.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal
+
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from torch.nn.parallel import DistributedDataParallel
 
 from hetbench.clock import now
 from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
 from hetbench.cluster.place import place
-from hetbench.gradients import WIRE_DTYPES, batch_shares, weighted_allreduce
+from hetbench.config import Config, setting
+from hetbench.devices import gloo_takes
+from hetbench.errors import UserError
+from hetbench.gradients import WIRE_DTYPES, batch_shares, powersgd_fraction, weighted_allreduce, weighted_powersgd
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import Replica
 from hetbench.strategies.single import OneDevice
-from hetbench.workload import build_optimizer, forward_backward
+from hetbench.workload import Net, build_optimizer, forward_backward
+
+NAME = "torch-ddp"
 
 
 class DDPRank(Replica):
     """One rank: a worker's process, device and slice, in DDP's gloo group."""
+
+    powersgd_rank: int | None = None  # set by compress(): PowerSGD's rank, or None for the plain bucket
 
     def free_port(self, host: str) -> int:
         return free_port(host)
 
     def join(self, master: str, port: int, world: int) -> str | None:
         return join_group(master, port, self.rank, world, self.cfg.cluster.step_timeout_s)
+
+    def compress(self, powersgd_rank: int | None) -> None:
+        """From the next reset on: buckets through PowerSGD at this rank (None: as they are)."""
+        self.powersgd_rank = powersgd_rank
 
     def retire(self) -> None:
         """The row is over: out of the group, as this process serves the next row."""
@@ -45,10 +63,18 @@ class DDPRank(Replica):
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
+        # PowerSGD: the model in one bucket. The hook chains its all-reduces in callbacks, which gloo
+        # would order differently on each rank with several buckets in flight (a collective mismatch)
+        one_bucket = {"bucket_cap_mb": 64} if self.powersgd_rank else {}
         # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors)
-        self.ddp = DistributedDataParallel(self.flat.model, init_sync=False)
+        self.ddp = DistributedDataParallel(self.flat.model, init_sync=False, **one_bucket)
         self.ddp.register_comm_hook(None, self._allreduce)
         self.staging: dict[int, torch.Tensor] = {}
+        # PowerSGD's state per repeat: its first 2 steps plain all-reduces (DDP may rebuild its buckets
+        # after step 1), the same random projections on every rank from the seed
+        self.powersgd = self.powersgd_rank and PowerSGDState(
+            None, matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=2, random_seed=seed
+        )
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
 
     def train_step(self, step: int) -> tuple[float, float]:
@@ -67,30 +93,60 @@ class DDPRank(Replica):
         """(2) one bucket, as backward fills it: x my batch share, SUM over the group in the wire
         dtype, staged on CPU (gloo takes no MPS tensors); DDP copies the result into the gradients."""
         self.computed += self.clock_out(self.started)  # my compute so far (an emulated slow device waits here)
-        share, wire = batch_shares(self.batches)[self.rank], self.cfg.run.wire_dtype
-        reduced = weighted_allreduce(bucket.buffer(), share, wire, self._staging(bucket.index(), bucket.buffer()))
+        share, buffer = batch_shares(self.batches)[self.rank], bucket.buffer()
+        if self.powersgd:
+            staging = None if gloo_takes(buffer.device) else self._staging(bucket.index(), buffer, "float32")
+            reduced = weighted_powersgd(bucket, share, self.powersgd, staging)
+        else:
+            wire = self.cfg.run.wire_dtype
+            reduced = weighted_allreduce(buffer, share, wire, self._staging(bucket.index(), buffer, wire))
         self.started = self.clock_in()
         return reduced
 
-    def _staging(self, index: int, buffer: torch.Tensor) -> torch.Tensor:
-        """Bucket `index`'s CPU buffer in the wire dtype, made once and reused every step (DDP waits
-        for every bucket's all-reduce before the next step can fill it); pinned under CUDA."""
+    def _staging(self, index: int, buffer: torch.Tensor, dtype: str) -> torch.Tensor:
+        """Bucket `index`'s CPU buffer in `dtype`, made once and reused every step (DDP waits for
+        every bucket's all-reduce before the next step can fill it); pinned under CUDA."""
         staging = self.staging.get(index)
         if staging is None or staging.numel() != buffer.numel():
             pinned = buffer.device.type == "cuda"
-            staging = torch.empty(buffer.numel(), dtype=WIRE_DTYPES[self.cfg.run.wire_dtype], pin_memory=pinned)
+            staging = torch.empty(buffer.numel(), dtype=WIRE_DTYPES[dtype], pin_memory=pinned)
             self.staging[index] = staging
         return staging
 
     weights, state, load_state = OneDevice.weights, OneDevice.state, OneDevice.load_state
 
 
+@dataclass(frozen=True)
+class DDPOptions:
+    compression: Literal["none", "powersgd"] = setting(
+        "none", "none: buckets go in wire_dtype | powersgd: torch's PowerSGD hook, float32 low-rank factors"
+    )
+    powersgd_rank: int = setting(4, "PowerSGD's matrix approximation rank: lower sends less, approximates coarser")
+
+
 class TorchDDP(Strategy):
-    name = "torch-ddp"
+    name = NAME
+    options = DDPOptions
     table_note = "torch-ddp: PyTorch DDP over gloo, no Ray between the ranks; one all-reduce per step."
     floor_transfers = 1.0
-    resumable = True
+    resumable = True  # PowerSGD's error feedback is not checkpointed: a resumed run starts it afresh
     rebalances = True
+
+    @classmethod
+    def check_options(cls, options: DDPOptions) -> None:
+        if options.powersgd_rank < 1:  # config.py has checked it is an int
+            raise UserError(f"config key '{NAME}.powersgd_rank' must be a whole number >= 1")
+
+    def __init__(self, cfg: Config) -> None:
+        super().__init__(cfg)
+        self.powersgd_rank = self.settings.powersgd_rank if self.settings.compression == "powersgd" else None
+        if self.powersgd_rank:  # the factors' share of the model, in float32 whatever wire_dtype says
+            self.floor_transfers = powersgd_fraction(Net(), self.powersgd_rank)
+            self.wire_dtype = "float32"
+            self.table_note = (
+                f"torch-ddp: PowerSGD at rank {self.powersgd_rank} sends {self.floor_transfers:.1%} of the "
+                "model per step (its link prediction counts that share of a floor transfer)."
+            )
 
     def start(self) -> None:
         # (0) one process per worker on its labelled node, then DDP's gloo group between them
@@ -100,6 +156,7 @@ class TorchDDP(Strategy):
         master = self.info[0]["node_ip"]
         (port,) = self.placed.results([self.placed.call(0, "free_port", master)], "choosing a port")
         joined = self._each("join", master, port, len(self.info), doing="forming the gloo group (README: Ports)")
+        self._each("compress", self.powersgd_rank)
         for info, interface in zip(self.info, joined):
             info["gloo_interface"] = interface
 

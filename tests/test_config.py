@@ -95,6 +95,9 @@ def test_equal_split_when_neither_is_given(tmp_path):
         ("link: {profile: wifi}", "set cluster.mode local-multinode"),
         ("workers: [{speed: 0}]", "speed must be positive"),
         ("- a\n- b", "must be a mapping"),
+        ("torch-ddp: {compression: zip}", "'torch-ddp.compression' must be one of none, powersgd"),
+        ("torch-ddp: {powersgd_rank: 0}", "'torch-ddp.powersgd_rank' must be a whole number >= 1"),
+        ("torch-ddp: {powersgd_rank: 2.5}", "'torch-ddp.powersgd_rank' must be int"),
     ],
 )
 def test_bad_values_are_one_sentence(tmp_path, text, message):

@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from hetbench.cluster.addresses import free_port
-from hetbench.gradients import FlatModel, batch_shares, copies_ahead_safely, weighted_allreduce, weighted_sum
+from hetbench.gradients import (
+    FlatModel,
+    batch_shares,
+    copies_ahead_safely,
+    powersgd_fraction,
+    weighted_allreduce,
+    weighted_powersgd,
+    weighted_sum,
+)
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.workload import build_model, build_optimizer, forward_backward
 
@@ -186,14 +194,15 @@ def _rank(rank: int, port: int, results) -> None:
     dist.destroy_process_group()
 
 
-def test_weighted_allreduce_applies_the_rule_across_two_gloo_ranks_in_either_wire_dtype():
+def two_gloo_ranks(target) -> list:
+    """What `target(rank, port, results)` put in `results` from each of two spawned gloo ranks, by rank."""
     ctx = mp.get_context("spawn")
     results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, results), daemon=True) for r in range(2)]
+    procs = [ctx.Process(target=target, args=(r, port, results), daemon=True) for r in range(2)]
     for p in procs:
         p.start()
     try:
-        got = sorted(results.get(timeout=120) for _ in procs)
+        return sorted(results.get(timeout=120) for _ in procs)
     except queue.Empty:
         raise AssertionError("gloo ranks did not finish") from None
     finally:
@@ -201,7 +210,61 @@ def test_weighted_allreduce_applies_the_rule_across_two_gloo_ranks_in_either_wir
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
+
+
+def test_weighted_allreduce_applies_the_rule_across_two_gloo_ranks_in_either_wire_dtype():
+    got = two_gloo_ranks(_rank)
     expected = 0.625 * 1 + 0.375 * 2  # exact in float32 and in bfloat16
     for _, staged, unstaged in got:
         assert staged == (expected, expected, True)
         assert unstaged == (expected, expected, torch.float32)
+
+
+def _one_sample_gradient(model: torch.nn.Module, rank: int, step: int) -> torch.Tensor:
+    """A linear layer's gradient from one sample: an outer product, so of rank 1."""
+    x = torch.randn(1, model.in_features, generator=torch.Generator().manual_seed(100 * step + rank))
+    model.zero_grad()
+    (model(x) ** 2).sum().backward()
+    return model.weight.grad.clone()
+
+
+def _powersgd_rank(rank: int, port: int, results) -> None:
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    shares = [0.625, 0.375]
+    got = {}
+    for staged in (False, True):  # the bucket itself (CPU, CUDA), and a CPU copy of it (MPS's path)
+        model = torch.nn.Linear(64, 32, bias=False)
+        torch.nn.init.normal_(model.weight, generator=torch.Generator().manual_seed(0))
+        reference = torch.nn.Linear(64, 32, bias=False)
+        reference.load_state_dict(model.state_dict())
+        ddp = DistributedDataParallel(model, init_sync=False)
+        state = PowerSGDState(None, matrix_approximation_rank=4, start_powerSGD_iter=2, random_seed=0)
+        staging = torch.empty(model.weight.numel()) if staged else None
+        ddp.register_comm_hook((state, staging), lambda held, bucket: weighted_powersgd(bucket, shares[rank], *held))
+        errors = []
+        for step in range(4):  # steps 0-1: plain all-reduces; 2-3: PowerSGD
+            mine = [_one_sample_gradient(reference, r, step) for r in range(2)]
+            model.zero_grad()
+            x = torch.randn(1, 64, generator=torch.Generator().manual_seed(100 * step + rank))
+            (ddp(x) ** 2).sum().backward()
+            expected = shares[0] * mine[0] + shares[1] * mine[1]  # of rank 2: rank-4 factors hold it
+            errors.append(((model.weight.grad - expected).abs().max() / expected.abs().max()).item())
+        sent = state.total_numel_after_compression / state.total_numel_before_compression
+        got[staged] = (errors, sent, model.weight.grad.tolist())  # a list: a tensor's memory leaves with the process
+    results.put((rank, got, powersgd_fraction(model, 4)))
+    dist.destroy_process_group()
+
+
+def test_powersgd_through_torchs_hook_applies_the_rule_and_sends_the_share_it_says():
+    for _, got, fraction in two_gloo_ranks(_powersgd_rank):
+        for errors, sent, _ in got.values():
+            assert max(errors) < 1e-4, errors  # the sample-weighted mean, before and after compression starts
+            assert sent == fraction == (32 + 64) * 4 / (32 * 64)  # the factors of a 32 x 64 matrix at rank 4
+        staged, direct = torch.tensor(got[True][2]), torch.tensor(got[False][2])
+        assert torch.allclose(staged, direct, atol=1e-6)  # the CPU copy's path: the same result

@@ -5,7 +5,10 @@ import statistics
 import torch
 
 from helpers import UNEQUAL, small_config
+from hetbench.gradients import count_parameters, powersgd_fraction
+from hetbench.runner import run
 from hetbench.strategies import registry
+from hetbench.workload import Net
 
 
 def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tmp_path, shared_cluster):
@@ -44,3 +47,30 @@ def test_a_slowed_rank_is_slowed_in_its_compute_and_the_fast_rank_waits_outside_
     fast, slow = (statistics.median(t.compute_s[name] for t in timings) for name in ("fast", "slow"))
     assert slow > 2 * fast  # the emulated wait lands in the slow rank's compute, bucket by bucket
     assert all(t.wait_s > 0 and t.total_s >= t.compute_s["slow"] for t in timings)
+
+
+def test_powersgd_steps_as_the_rule_until_it_starts_then_records_the_share_it_sends(tmp_path, shared_cluster):
+    powersgd = ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_rank=1"]
+    sgd = [UNEQUAL, "dropout=0", "optimizer=sgd", "lr=0.05", "strategies=[single, torch-ddp]", "floor.enabled=false"]
+    cfg = small_config(tmp_path, *sgd, *powersgd, "steps=6", "warmup_steps=0", "repeats=1", *shared_cluster.overrides)
+    weights = {}
+    for name in ("torch-ddp", "single"):
+        strategy = registry.load(name)(cfg)
+        try:
+            strategy.start()
+            strategy.reset(cfg.run.seed)
+            for step in range(6):
+                strategy.step(step)
+                if step in (1, 5):
+                    weights[name, step] = strategy.weights()
+        finally:
+            strategy.close()
+    # steps 0-1 are PowerSGD's plain all-reduces, weighted as ever; from step 2 on rank-1 factors
+    assert torch.allclose(weights["torch-ddp", 1], weights["single", 1], atol=1e-4, rtol=0)
+    assert (weights["torch-ddp", 5] - weights["single", 5]).abs().max() > 1e-3
+    (row,) = [r for r in run(cfg).records if r["strategy"] == "torch-ddp"]
+    fraction = powersgd_fraction(Net(), 1)
+    assert 0.005 < fraction < 0.02 and row["floor_transfers"] == fraction  # ~100x less than the model
+    model_bytes = count_parameters(Net()) * 4
+    assert [w["wire_bytes_per_step"] for w in row["workers"]] == [fraction * model_bytes] * 2
+    assert "PowerSGD at rank 1" in row["table_note"] and row["config"]["torch-ddp"]["compression"] == "powersgd"

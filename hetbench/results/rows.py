@@ -40,12 +40,12 @@ def strategy_row(
     closed (its attributes are still read)."""
     cfg = strategy.cfg
     timed = [t for r in repeats for t in r["timed"]]
-    worker_figures(workers, timed, strategy.floor_transfers, cfg.run.wire_dtype)
+    worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     steps = [steps_to_target(r["curve"], cfg.run.target_accuracy) for r in evaluated]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
-    transfers, width = strategy.floor_transfers, WIRE_DTYPES[cfg.run.wire_dtype].itemsize
+    transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     return {
         **base,
         "status": "ok",
