@@ -1,5 +1,5 @@
 """Runs over several links side by side: where adding the other machine starts to pay, and what the
-wire precision changes on one link."""
+wire changes on one link (a narrower dtype, torch-ddp's PowerSGD)."""
 
 import json
 
@@ -7,13 +7,14 @@ from helpers import assert_one_line_error
 from hetbench.results.links import by_link, links_markdown, write_links
 
 
-def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None):
+def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="none"):
     config = {
         "name": name or f"links-{rate}",
         "wire_dtype": wire,
         "link": {"rate": rate},
         "batch_size": 256,
         "repeats": 3,
+        "torch-ddp": {"compression": compression, "powersgd_rank": 4},
     }
     workers = [
         {"name": "desk", "device": "cpu", "batch": 192, "standalone_samples_per_s": 3000.0},
@@ -92,3 +93,12 @@ def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_
     assert by_link([run("1gbit", 3500.0, 0.01)])[0][0]["strategy"] == "single"
     write_links(by_link([run("10gbit", 3600.0, 0.004)]), str(tmp_path), "one")
     assert "10gbit" in (tmp_path / "one.md").read_text()
+
+
+def test_a_powersgd_run_is_its_own_column_and_its_wire_is_compared_with_float32s():
+    runs = by_link([run("100mbit", 500.0, 0.45), run("100mbit", 700.0, 0.05, compression="powersgd")])
+    text = links_markdown(runs)
+    header = next(line for line in text.splitlines() if line.startswith("| samples/s (vs alone)"))
+    assert [c.strip() for c in header.split("|")[2:4]] == ["100mbit", "100mbit, PowerSGD rank 4"]
+    assert "The wire on the 100mbit link, float32 -> PowerSGD rank 4:" in text
+    assert "| ray-train-gloo [auto] | 450 -> 50" in text

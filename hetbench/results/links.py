@@ -1,6 +1,7 @@
 """Across links: one run per link (e.g. hetero-links.yaml with --set link.profile=...) side by side,
 so a user reads on which link adding the other machine starts to pay; and, where two runs share a
-link, what the wire precision changes. Every figure is a run's own, beside that run's baseline."""
+link, what the wire changes: a narrower dtype, or torch-ddp's PowerSGD. Every figure is a run's own,
+beside that run's baseline."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ def _row(run: list[dict], name: str) -> dict | None:
 
 
 def _wire(run: list[dict]) -> str:
-    return next(((r.get("config") or {}).get("wire_dtype", "float32") for r in run), "float32")
+    """How the run's gradients travel: its wire dtype, or torch-ddp's PowerSGD where the run set it."""
+    config = next((r.get("config") or {} for r in run), {})
+    ddp = config.get("torch-ddp") or {}
+    if ddp.get("compression", "none") == "powersgd":
+        return f"PowerSGD rank {ddp['powersgd_rank']}"
+    return config.get("wire_dtype", "float32")
 
 
 def link_rate(run: list[dict]) -> str | None:
@@ -40,7 +46,9 @@ def link_rate(run: list[dict]) -> str | None:
 
 def column(run: list[dict]) -> str:
     wire = _wire(run)
-    return link_rate(run) + ("" if wire == "float32" else f", {wire} wire")
+    if wire == "float32":
+        return link_rate(run)
+    return f"{link_rate(run)}, {wire}" + ("" if wire.startswith("PowerSGD") else " wire")
 
 
 def by_link(runs: list[list[dict]]) -> list[list[dict]]:
@@ -92,7 +100,7 @@ def to_target(runs: list[list[dict]]) -> str:
 
 
 def wire(runs: list[list[dict]]) -> str:
-    """Two runs on one link that differ in wire precision: each row's comm per step and bytes each way."""
+    """Two runs on one link that differ in their wire: each row's comm per step and bytes each way."""
     pairs = [
         (a, b)
         for a in runs
@@ -120,7 +128,7 @@ def wire(runs: list[list[dict]]) -> str:
         if body:
             headers = ["row", "comm ms a step", "comm lower by", "MB a step, most-loaded worker", "samples/s", "acc"]
             out.append(
-                f"Wire precision on the {link_rate(full)} link, float32 -> {_wire(narrow)}:\n\n"
+                f"The wire on the {link_rate(full)} link, float32 -> {_wire(narrow)}:\n\n"
                 + tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
             )
     return "\n\n".join(out)
@@ -137,7 +145,7 @@ def _acc(record: dict) -> str:
 
 def plot(runs: list[list[dict]]) -> bytes:
     """Each row's samples/s over its own run's best machine alone, against the link rate: lines for
-    float32 wire, crosses for other wire precisions; the best machine alone is the line at 1."""
+    float32 wire, crosses for other wires (a narrower dtype, PowerSGD); the best machine alone is the line at 1."""
     import matplotlib
 
     matplotlib.use("Agg")
