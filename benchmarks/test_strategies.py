@@ -117,13 +117,15 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     cluster_cfg, _, _ = clusters(scenario_config(m, link, n_workers), key)
     benchmark.extra_info.update(strategy=strategy_name, balance=balance, link=link or "loopback", workers=n_workers)
     if strategy_name == FLOOR_NAME:
-        figures = {}
+        floors = []
         benchmark.pedantic(
-            lambda: figures.update(measure_floor(cluster_cfg, count_parameters(Net()))),
+            lambda: floors.extend(measure_floor(cluster_cfg, count_parameters(Net()))),
             rounds=1,
             iterations=1,
         )
-        benchmark.extra_info.update(allreduce_ms=figures["allreduce_s"] * 1000, allreduce_cv=figures["allreduce_cv"])
+        gloo, ps = floors
+        benchmark.extra_info.update(allreduce_ms=gloo["allreduce_s"] * 1000, allreduce_cv=gloo["allreduce_cv"])
+        benchmark.extra_info.update(ps_roundtrip_ms=ps["roundtrip_s"] * 1000, ps_roundtrip_cv=ps["roundtrip_cv"])
         return
     cfg = (
         cluster_cfg

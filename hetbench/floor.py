@@ -1,10 +1,14 @@
-"""The `gloo-floor` reference: a raw torch.distributed gloo all-reduce of the model's flat buffer.
+"""The floors: what moving the model between two nodes costs at the least, with nothing of ours.
 
-Two processes, placed like workers (cluster/placed.py): one on the reference worker's node, one
-on the first worker on another node (a desk and a Mac: across their link; in local-multinode
-across the emulated one; on one box, two processes there). The same number of floats as the CNN;
-every strategy's sync overhead is judged against this figure, measured in the same run, over the
-path the workers' traffic takes. The record says which path that was.
+`gloo-floor`: a raw torch.distributed gloo all-reduce of the model's flat buffer, the all-reduce
+strategies' limit. `ps-floor`: the buffer sent up a direct TCP channel and echoed back down, a
+parameter server's limit (the gradient up, the weights down), over the path ray-ps's workers take.
+
+Two processes, placed like workers (cluster/placed.py): one on the reference worker's node (where
+the driver and a parameter server run), one on the first worker on another node (a desk and a Mac:
+across their link; in local-multinode across the emulated one; on one box, two processes there).
+The same number of floats as the CNN; each strategy's sync overhead is judged against its own
+pattern's floor, measured in the same run. The records say which path that was.
 """
 
 from __future__ import annotations
@@ -16,11 +20,15 @@ from dataclasses import asdict
 from hetbench.clock import cv, median
 from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
+from hetbench.cluster.nodes import direct_port
 from hetbench.cluster.place import place
 from hetbench.config import Config
+from hetbench.transport.direct import Channel, Listener, hello
 
 FLOOR_NAME = "gloo-floor"
-WARMUP = 5  # all-reduces that warm the connection up, untimed
+PS_FLOOR_NAME = "ps-floor"
+FLOORS = (FLOOR_NAME, PS_FLOOR_NAME)
+WARMUP = 5  # transfers that warm the connection up, untimed
 
 
 def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float) -> dict:
@@ -45,7 +53,9 @@ def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: i
 
 
 class FloorEnd:
-    """One end of the floor's all-reduce, in a process on a worker's node."""
+    """One end of the floors' transfers, in a process on a worker's node."""
+
+    listener: Listener | None = None  # the ps-floor's server end, between listen and echo
 
     def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
         spec = cfg.workers[rank]
@@ -57,6 +67,44 @@ class FloorEnd:
     def allreduce_times(self, *args) -> dict:
         return allreduce_times(*args)
 
+    def listen(self, host: str, port: int, timeout_s: float) -> tuple:
+        """The server's end of the ps-floor: its address and the secret the other end must say."""
+        self.listener = Listener(host, port, timeout_s)
+        return self.listener.address, self.listener.secret
+
+    def echo(self, count: int) -> None:
+        """Send each of `count` buffers back as it arrives, as a server sends weights for a gradient."""
+        channels = self.listener.accept([PS_FLOOR_NAME])
+        self.listener.close()
+        if not channels:
+            raise ConnectionError("the ps-floor's other end did not connect")
+        (channel,) = channels.values()
+        try:
+            for tag in range(count):
+                channel.send(tag, channel.receive(tag))
+        finally:
+            channel.close()
+
+    def roundtrip_times(self, address: tuple, secret: bytes, numel: int, iterations: int, timeout_s: float) -> list:
+        """The seconds of each timed round trip of `numel` float32s to the echoing end and back."""
+        import numpy as np
+
+        channel = Channel.connect(tuple(address), hello(secret, PS_FLOOR_NAME), timeout_s)
+        if channel is None:
+            raise ConnectionError(f"cannot reach {address[0]}:{address[1]} (README: Ports)")
+        try:
+            buffer = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
+            times = []
+            for tag in range(WARMUP + iterations):
+                start = time.perf_counter()
+                channel.send(tag, buffer)
+                channel.receive(tag)
+                if tag >= WARMUP:
+                    times.append(time.perf_counter() - start)
+            return times
+        finally:
+            channel.close()
+
 
 def floor_ranks(cfg: Config) -> list[int]:
     """The two workers whose nodes the floor runs between: the first, and the first on another node
@@ -66,8 +114,9 @@ def floor_ranks(cfg: Config) -> list[int]:
     return [0, (other or [min(1, len(workers) - 1)])[0]]
 
 
-def measure_floor(cfg: Config, numel: int) -> dict:
-    """Median and CV of one all-reduce of `numel` float32s between the two workers' nodes."""
+def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
+    """The gloo-floor's and the ps-floor's figures (median and CV of one all-reduce, of one round
+    trip, of `numel` float32s) between the two workers' nodes, from the same two processes."""
     iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
     ends = place(cfg, FloorEnd, FLOOR_NAME, ranks=floor_ranks(cfg))
     try:
@@ -75,13 +124,16 @@ def measure_floor(cfg: Config, numel: int) -> dict:
         (port,) = ends.results([ends.call(0, "free_port", master)], "choosing a port")
         args = (master, port, numel, iterations, timeout_s)
         measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
+        listening = ends.call(0, "listen", master, direct_port(bool(cfg.cluster.ray_address)), timeout_s)
+        ((address, secret),) = ends.results([listening], "listening for the ps-floor")
+        echoed = ends.call(0, "echo", WARMUP + iterations)
+        timed = ends.call(1, "roundtrip_times", address, secret, numel, iterations, timeout_s)
+        _, roundtrips = ends.results([echoed, timed], "measuring the ps-floor")
     finally:
         ends.close()
     # A collective ends when the slower rank has its result: take the max per iteration.
     per_iteration = [max(a, b) for a, b in zip(*(m["times"] for m in measured))]
-    return {
-        "allreduce_s": median(per_iteration),
-        "allreduce_cv": cv(per_iteration),
+    common = {
         "numel": numel,
         "bytes": numel * 4,
         "iterations": iterations,
@@ -93,3 +145,6 @@ def measure_floor(cfg: Config, numel: int) -> dict:
         },
         "link": {key: value for key, value in asdict(cfg.link).items() if value} or None,
     }
+    gloo = {"allreduce_s": median(per_iteration), "allreduce_cv": cv(per_iteration), **common}
+    ps = {"roundtrip_s": median(roundtrips), "roundtrip_cv": cv(roundtrips), **common}
+    return gloo, ps

@@ -14,7 +14,7 @@ from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import Config, from_dict
 from hetbench.data import cached_mnist
 from hetbench.errors import RunFailed
-from hetbench.floor import FLOOR_NAME, measure_floor
+from hetbench.floor import FLOOR_NAME, FLOORS, measure_floor
 from hetbench.gradients import count_parameters
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
@@ -121,13 +121,14 @@ def via(name: str) -> str | None:
         return None
 
 
-def run_floor(cfg: Config, env: dict) -> dict:
-    base = {"strategy": FLOOR_NAME, "config": redacted(cfg.as_dict()), "env": env, "workers": []}
+def run_floors(cfg: Config, env: dict) -> list[dict]:
+    """The gloo-floor's and the ps-floor's records, measured or failed together."""
+    base = {"config": redacted(cfg.as_dict()), "env": env, "workers": []}
     try:
         figures = measure_floor(cfg, count_parameters(Net()))
     except RunFailed as e:
-        return {**base, "status": "failed", "reason": str(e)}
-    return {**base, "status": "ok", **figures}
+        return [{"strategy": name, **base, "status": "failed", "reason": str(e)} for name in FLOORS]
+    return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
@@ -181,7 +182,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             if at_start:
                 rescale(out.file, at_start, measure_standalone(cluster_cfg))
             if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
-                out.add(run_floor(reference_first(cluster_cfg, standalone)[0], env))  # from the reference's node
+                for record in run_floors(reference_first(cluster_cfg, standalone)[0], env):  # from the reference's node
+                    out.add(record)
             if failed:  # the tables and the verdict hold the rows that finished; the exit status says the rest
                 raise RunFailed(failed[0] if len(failed) == 1 else f"{len(failed)} rows failed, the first: {failed[0]}")
     finally:

@@ -13,6 +13,7 @@ from hetbench.balance import resplit_event, speed_split, split_batch
 from hetbench.cluster.placed import Placed
 from hetbench.config import Config
 from hetbench.errors import RunFailed
+from hetbench.floor import FLOOR_NAME
 from hetbench.gradients import batch_shares
 from hetbench.step_timing import StepTiming
 
@@ -31,6 +32,9 @@ class Strategy(ABC):
     # is 1; a parameter server moves the gradient up, then the weights down, one after the other: 2.
     # None: no prediction (no link crossed, or no barrier per step).
     floor_transfers: ClassVar[float | None] = None
+    # The floor its sync overhead is judged against (floor.py): an all-reduce's, or for a parameter
+    # server, a round trip of the model up and back down.
+    floor_name: ClassVar[str] = FLOOR_NAME
     # Steps between exchanges over the link: above 1, most steps move nothing, so per-step costs are
     # read as a round's mean (the median step would show no exchange at all).
     exchange_every: int = 1

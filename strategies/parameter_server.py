@@ -18,6 +18,7 @@ import torch
 from hetbench.clock import now
 from hetbench.cluster.place import place
 from hetbench.errors import WorkersLost
+from hetbench.floor import PS_FLOOR_NAME
 from hetbench.gradients import batch_shares
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
@@ -32,6 +33,7 @@ class ParameterServerDriver(Strategy, HandsOff):
     uses_host_memory: ClassVar[bool] = True  # workers on the server's machine map its buffers
     calls_wait_for_weights: ClassVar[bool] = True  # a call given the weights' handle starts once they exist
     floor_transfers = 2.0  # the gradient up, then the weights down
+    floor_name = PS_FLOOR_NAME
     survives_worker_loss = resumable = rebalances = True
 
     def start(self) -> None:

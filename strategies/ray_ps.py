@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import ray
 
-from hetbench.cluster.nodes import DIRECT_PORT
+from hetbench.cluster.nodes import direct_port
 from hetbench.config import Config, setting
 from hetbench.errors import UserError
 from hetbench.strategies.parameter_server import ParameterServerDriver
@@ -152,8 +152,7 @@ class RayParameterServer(ParameterServerDriver):
     def _connect_direct(self, ranks: list[int]) -> set[int]:
         if not ranks or not self.direct_channels or self.settings.transport != "direct":
             return set()
-        # a joined cluster's server listens on a port its firewall can open (README: Ports)
-        port = DIRECT_PORT if self.cfg.cluster.ray_address else 0
+        port = direct_port(bool(self.cfg.cluster.ray_address))
         listening = self._server("listen", port, self.cfg.cluster.step_timeout_s)
         if listening is None:
             return set()

@@ -44,7 +44,7 @@ def test_short_suite_writes_json_with_figures_that_pytest_benchmark_compare_read
         ("dask-sync", "equal"),
         ("dask-sync", "auto"),
     }
-    assert by_id[("gloo-floor", None)]["allreduce_ms"] > 0
+    assert by_id[("gloo-floor", None)]["allreduce_ms"] > 0 and by_id[("gloo-floor", None)]["ps_roundtrip_ms"] > 0
     for (name, _), info in by_id.items():
         if name != "gloo-floor":
             assert info["samples_per_s"] > 0 and set(info["step_ms"]) == {

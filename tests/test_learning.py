@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def learned(tmp_path_factory, _shared_cluster):
-    """(strategy -> its record, the floor's under `gloo-floor`; the run's results dir)."""
+    """(strategy -> its record, the floors' under `gloo-floor` and `ps-floor`; the run's results dir)."""
     from hetbench.cluster.ray_connection import ray_kept_for_the_run
     from hetbench.runner import run
 
@@ -68,13 +68,21 @@ def test_the_strategies_own_figures_are_recorded(learned):
     dask = records["dask-sync"]["workers"]
     assert len({w["dask_worker"] for w in dask}) == 2  # one Dask worker each
     assert sorted(w["rank"] for w in records["ray-train-gloo"]["workers"]) == [0, 1]
-    floor = records["gloo-floor"]
+    floor, ps_floor = records["gloo-floor"], records["ps-floor"]
     assert floor["status"] == "ok" and floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
+    assert ps_floor["status"] == "ok" and ps_floor["roundtrip_s"] > 0 and ps_floor["bytes"] == floor["bytes"]
+    # each row names the floor it is judged against: a parameter server's round trip, or an all-reduce
+    assert {name for name in registry.STRATEGIES if records[name].get("floor") == "ps-floor"} == {
+        "ray-ps",
+        "ray-ps-async",
+        "ray-localsgd",
+        "dask-sync",
+    }
 
 
 def test_the_run_writes_its_tables(learned):
     _, results = learned
     md = (results / "learn.md").read_text()
     assert md.count("Verdict: ") == 1
-    assert all(f"| {name}" in md for name in [*registry.STRATEGIES, "gloo-floor"])
+    assert all(f"| {name}" in md for name in [*registry.STRATEGIES, "gloo-floor", "ps-floor"])
     assert (results / "learn.csv").read_text().startswith("strategy,")

@@ -86,6 +86,7 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
         ("dask-sync", "equal"),
         ("dask-sync", "auto"),
         ("gloo-floor", None),
+        ("ps-floor", None),
     }
     assert all(r["status"] == "ok" for r in records)
     ps = by_scenario[("ray-ps", "equal")]["workers"]
@@ -152,7 +153,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="link emulation needs 
 
 @pytest.mark.slow
 @needs_root
-def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_removed():
+def test_the_floors_cross_the_emulated_link_between_the_worker_nodes_and_it_is_removed():
     from hetbench.cluster.multinode import cluster_for_run
     from hetbench.config import load_config
     from hetbench.floor import measure_floor
@@ -169,9 +170,11 @@ def test_the_floor_crosses_the_emulated_link_between_the_worker_nodes_and_it_is_
     )
     with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster):
         link = cluster.links["mac"]
-        figures = measure_floor(replace(cfg, cluster=joined), 250_000)  # 1 MB each way per all-reduce
-    # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there, on the workers' path
+        figures, ps = measure_floor(replace(cfg, cluster=joined), 250_000)  # 1 MB each way per all-reduce
+    # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there, on the workers' path;
+    # the ps-floor sends it up, then back down: 0.8 s
     assert figures["allreduce_s"] > 0.3 and figures["link"] == {"rate": "20mbit"}
+    assert ps["roundtrip_s"] > 0.7 and ps["path"] == figures["path"] and ps["bytes"] == 1_000_000
     assert figures["path"] == {
         "between": ["desk", "mac"],
         "nodes": ["desktop", "mac"],

@@ -24,7 +24,7 @@ def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_
         "eval_every=2",
         "floor.iterations=3",
     )
-    single, floor = json.loads(run(cfg).path.read_text())
+    single, floor, ps_floor = json.loads(run(cfg).path.read_text())
     (worker,) = single["workers"]
     # the driver is on the head (`desktop`) node: the baseline ran in its own process on `mac`
     assert (worker["name"], worker["node_id"], worker["batch"]) == ("m", shared_cluster.node_ids["mac"], 24)
@@ -34,6 +34,7 @@ def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_
     assert single["reference"] == {"worker": "m", "chosen_by": "first configured worker"}
     assert floor["status"] == "ok" and floor["allreduce_s"] > 0
     assert floor["path"]["between"] == ["m", "d"] and floor["path"]["nodes"] == ["mac", "desktop"]
+    assert ps_floor["status"] == "ok" and ps_floor["path"] == floor["path"]
 
 
 def test_the_reference_worker_is_the_fastest_alone_and_the_floor_crosses_to_another_node(tmp_path):

@@ -56,6 +56,19 @@ def test_baseline_first_then_floor_with_relative_columns():
     assert single["floor-predicted samples/s"] is None
 
 
+def test_each_row_is_judged_against_its_own_patterns_floor_and_both_floors_are_shown():
+    allreduce = record("torch-ddp", 800.0, step={"compute_s": 0.05, "sync_overhead_s": 0.006}, floor="gloo-floor")
+    ps = {**KNOWN[0], "floor": "ps-floor"}  # 10 ms of sync overhead
+    roundtrip = {"strategy": "ps-floor", "status": "ok", "roundtrip_s": 0.008, "roundtrip_cv": 0.1, "workers": []}
+    table = {r["strategy"]: r for r in (dict(zip(COLUMNS, r)) for r in rows([*KNOWN, allreduce, roundtrip]))}
+    assert list(table)[:3] == ["single", "gloo-floor", "ps-floor"]
+    assert table["ps-floor"]["sync overhead ms"] == 8.0 and table["ps-floor"]["CV"] == 0.1
+    assert table["torch-ddp"]["vs floor"] == pytest.approx(1.2)  # 6 ms over a 5 ms all-reduce
+    assert table["ray-ps"]["vs floor"] == pytest.approx(2.0)  # a record from before the ps-floor: gloo's
+    table = {r["strategy"]: r for r in (dict(zip(COLUMNS, r)) for r in rows([ps, KNOWN[1], roundtrip]))}
+    assert table["ray-ps"]["vs floor"] == pytest.approx(1.25)  # 10 ms over an 8 ms round trip
+
+
 def test_markdown_and_csv_render_the_same_rows():
     md = markdown(KNOWN)
     table = [line for line in md.splitlines() if line.startswith("|")]

@@ -23,8 +23,8 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     result = cli("run", "-c", "benchmarks/configs/quick.yaml", *sets(*settings), "--results-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     (raw,) = (tmp_path / "raw").glob("*-quick-*.json")
-    single, ps_async, floor = json.loads(raw.read_text())
-    assert [r["status"] for r in (single, ps_async, floor)] == ["ok"] * 3
+    single, ps_async, floor, ps_floor = json.loads(raw.read_text())
+    assert [r["status"] for r in (single, ps_async, floor, ps_floor)] == ["ok"] * 4
     assert (single["strategy"], ps_async["strategy"], floor["strategy"]) == ("single", "ray-ps-async", "gloo-floor")
     assert len(ps_async["repeat_samples_per_s"]) == 2 and ps_async["samples_per_s"] > 0
     # every worker's gradients were applied, none staler than the bound (a worker's own update in between)
@@ -33,6 +33,9 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     assert [p["step"] for p in ps_async["accuracy_curve"]][:2] == [3, 6]
     assert floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
     assert floor["path"]["interfaces"] == [shared_cluster.interface] * 2  # each end's gloo, toward the other
+    # the parameter server's floor: the same buffer up and back down between the same two processes
+    assert ps_floor["strategy"] == "ps-floor" and ps_floor["roundtrip_s"] > 0 and ps_floor["path"] == floor["path"]
+    assert ps_async["floor"] == "ps-floor" and "| ps-floor" in result.stdout
     assert result.stdout.startswith("Verdict: ") and "| ray-ps-async" in result.stdout
     md = (tmp_path / "quick.md").read_text()
     assert md.count("Verdict: ") == 1 and "| single" in md and "| gloo-floor" in md

@@ -40,6 +40,14 @@ RAY_NODE_PORTS = {
 DASK_HTTP_LOCAL = ["--dashboard-address", "127.0.0.1:0"]
 DASK_WORKER_PORT = 8788  # the Dask worker (no nanny): the scheduler and the client call it
 DIRECT_PORT = 6386  # ray-ps's server on the head: the other node's workers' own connections to it
+
+
+def direct_port(joined: bool) -> int:
+    """Where a parameter server's direct channels listen: in a joined cluster the port its firewall
+    opens (README: Ports), else any free one."""
+    return DIRECT_PORT if joined else 0
+
+
 # gloo (ray-train-gloo, the gloo-floor row) cannot be given ports (pytorch/gloo#54): its rendezvous
 # and its pairs listen on any ephemeral port, which the other machine must reach. macOS's range:
 MAC_EPHEMERAL_PORTS = (49152, 65535)

@@ -11,6 +11,8 @@ from tabulate import tabulate
 
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.floor import FLOORS
+from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.plots import label, png
 from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner
 from hetbench.results.report import ordered
@@ -64,6 +66,8 @@ def _cell(record: dict | None, base: dict) -> str:
         return "-"
     if record["strategy"] == FLOOR:
         return f"{record['allreduce_s'] * 1000:,.0f} ms all-reduce"
+    if record["strategy"] == PS_FLOOR:
+        return f"{record['roundtrip_s'] * 1000:,.0f} ms round trip"
     if not record.get("samples_per_s"):  # failed or skipped
         return record.get("status", "-")
     if record["strategy"] == BASELINE:
@@ -89,12 +93,12 @@ def to_target(runs: list[list[dict]]) -> str:
     """Seconds of training to the target accuracy (the first repeat's clock), and the final accuracy."""
 
     def cell(record: dict | None) -> str:
-        if record is None or record["strategy"] == FLOOR or record.get("final_accuracy") is None:
+        if record is None or record["strategy"] in FLOORS or record.get("final_accuracy") is None:
             return "-"
         seconds = record.get("time_to_target_s")
         return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({record['final_accuracy']:.1%})"
 
-    names = [n for n in _labels(runs) if n != FLOOR]
+    names = [n for n in _labels(runs) if n not in FLOORS]
     body = [[n, *[cell(_row(run, n)) for run in runs]] for n in names]
     return tabulate(body, headers=["time to target (final acc)", *map(column, runs)], tablefmt="github")
 
@@ -112,7 +116,7 @@ def wire(runs: list[list[dict]]) -> str:
         body = []
         for r in full:
             other = _row(narrow, label(r))
-            if r["strategy"] in (BASELINE, FLOOR) or not other or not (r.get("step") or {}).get("comm_s"):
+            if r["strategy"] in (BASELINE, *FLOORS) or not other or not (r.get("step") or {}).get("comm_s"):
                 continue
             comm, comm2 = r["step"]["comm_s"], (other.get("step") or {}).get("comm_s") or 0.0
             body.append(
@@ -153,7 +157,7 @@ def plot(runs: list[list[dict]]) -> bytes:
 
     fig, ax = plt.subplots(figsize=(9, 4.8), layout="constrained")
     ax.axhline(1.0, color="0.4", linestyle="--", label="the best machine alone (each run's own)")
-    for name in [n for n in _labels(runs) if n not in (BASELINE, FLOOR)]:
+    for name in [n for n in _labels(runs) if n not in (BASELINE, *FLOORS)]:
         color = None
         for full in (True, False):
             rows = [(run, _row(run, name)) for run in runs if (_wire(run) == "float32") == full]
@@ -182,7 +186,7 @@ def plot(runs: list[list[dict]]) -> bytes:
 
 def what_ran(runs: list[list[dict]]) -> str:
     """One sentence from the records: the machines, the batch and the repeats every column shares."""
-    row = next((r for run in runs for r in run if r["strategy"] not in (BASELINE, FLOOR) and r.get("workers")), None)
+    row = next((r for run in runs for r in run if r["strategy"] not in (BASELINE, *FLOORS) and r.get("workers")), None)
     if row is None:
         return ""
     config = row.get("config") or {}

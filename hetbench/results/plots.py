@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hetbench.floor import FLOOR_NAME
+from hetbench.floor import FLOOR_NAME, PS_FLOOR_NAME
 from hetbench.results.records import atomic_write_bytes
 from hetbench.strategies.registry import BASELINE
 
@@ -107,9 +107,13 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
         widths = [max(0.0, x) * 1000 for x in seconds]
         ax.barh(labels, widths, left=left, color=color, label=name)
         left = [a + b for a, b in zip(left, widths)]
-    floor = next((r for r in records if r["strategy"] == FLOOR_NAME and r.get("allreduce_s")), None)
-    if floor:
-        ax.axvline(floor["allreduce_s"] * 1000, color="k", linestyle=":", label="gloo-floor all-reduce")
+    for name, key, style, what in (
+        (FLOOR_NAME, "allreduce_s", ":", "all-reduce"),
+        (PS_FLOOR_NAME, "roundtrip_s", "--", "round trip"),
+    ):
+        floor = next((r for r in records if r["strategy"] == name and r.get(key)), None)
+        if floor:
+            ax.axvline(floor[key] * 1000, color="k", linestyle=style, label=f"{name} {what}")
     ax.invert_yaxis()
     ax.set_xlabel("ms per global step (medians)")
     ax.legend(loc="lower right", fontsize=8)

@@ -10,6 +10,8 @@ from tabulate import tabulate
 
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
+from hetbench.floor import FLOORS
+from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.plots import scaling_figure, write_plots
 from hetbench.results.records import atomic_write, hand_to_owner
 from hetbench.results.verdict import measured, verdict
@@ -41,8 +43,8 @@ COLUMNS = [
 
 
 def ordered(records: list[dict]) -> list[dict]:
-    """Baseline rows first, then the gloo floor, then the rest in the order they ran."""
-    rank = {BASELINE: 0, FLOOR: 1}
+    """Baseline rows first, then the floors, then the rest in the order they ran."""
+    rank = {BASELINE: 0, FLOOR: 1, PS_FLOOR: 1}
     return sorted(records, key=lambda r: rank.get(r["strategy"], 2))
 
 
@@ -63,8 +65,19 @@ def _floor_path(record: dict) -> str:
     return f"{a} ({path['ips'][0]}) <-> {b} ({path['ips'][1]}){over}"
 
 
+def floor_seconds(record: dict) -> float | None:
+    """A floor row's figure: one all-reduce (gloo-floor), one round trip (ps-floor)."""
+    return record.get("allreduce_s") or record.get("roundtrip_s")
+
+
+def own_floor_s(record: dict, records: list[dict]) -> float | None:
+    """The floor a row is judged against: its own pattern's (records from before the ps-floor: gloo's)."""
+    name = record["strategy"] if record["strategy"] in FLOORS else record.get("floor", FLOOR)
+    return next((floor_seconds(r) for r in records if r["strategy"] == name and floor_seconds(r)), None)
+
+
 def _workers(record: dict) -> str:
-    if record["strategy"] == FLOOR:
+    if record["strategy"] in FLOORS:
         return _floor_path(record)
     return ", ".join(
         f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
@@ -86,16 +99,17 @@ def rows(records: list[dict]) -> list[list]:
     table = []
     for r in records:
         step = r.get("step") or {}
-        overhead = r.get("allreduce_s") if r["strategy"] == FLOOR else step.get("sync_overhead_s")
+        overhead = floor_seconds(r) if r["strategy"] in FLOORS else step.get("sync_overhead_s")
         if r["strategy"] == BASELINE:
             overhead = None
+        own = own_floor_s(r, records)
         table.append(
             [
                 r["strategy"],
                 _balance(r),
                 _workers(r),
                 r.get("samples_per_s"),
-                r.get("samples_per_s_cv", r.get("allreduce_cv")),
+                r.get("samples_per_s_cv", r.get("allreduce_cv", r.get("roundtrip_cv"))),
                 r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
                 scaling_figure(r),
                 _ms(step.get("compute_s")),
@@ -103,7 +117,7 @@ def rows(records: list[dict]) -> list[list]:
                 _ms(step.get("update_s")) if step.get("update_s") else None,
                 _ms(step.get("wait_s")),
                 _ms(overhead),
-                overhead / floor["allreduce_s"] if floor and overhead is not None else None,
+                overhead / own if own and overhead is not None else None,
                 *_predicted(r, floor),
                 r.get("final_accuracy"),
                 r.get("time_to_target_s"),
@@ -253,8 +267,12 @@ all-reduce, 2 for a parameter server: gradient up, then weights down): what the 
 synchronous strategy;
 vs predicted: the measured samples/s over it.
 on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between the
-reference worker's node and the next worker's (the workers' own path), measured in the same run, and
-"vs floor" divides by it. startup s: a row's own processes and data; Ray starts once per run, before
-the rows (ray_startup_s in the records). time to target: training clock
-(evaluation excluded) until the test accuracy first reached the config's target_accuracy; steps to target
-(--wide, CSV): the same in steps, as often as accuracy was checked (eval_every)."""
+reference worker's node and the next worker's (the workers' own path), measured in the same run; on
+the ps-floor row one round trip of that buffer over a direct TCP channel between the same two
+processes, up and back down (a parameter server's gradient up, then weights down). "vs floor"
+divides a row's sync overhead by its own pattern's floor: the ps-floor for the parameter-server rows
+(ray-ps, ray-ps-async, ray-localsgd, dask-sync), the gloo-floor for the others. startup s: a row's
+own processes and data; Ray starts once per run, before the rows (ray_startup_s in the records).
+time to target: training clock (evaluation excluded) until the test accuracy first reached the
+config's target_accuracy; steps to target (--wide, CSV): the same in steps, as often as accuracy was
+checked (eval_every)."""

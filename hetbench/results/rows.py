@@ -53,6 +53,7 @@ def strategy_row(
         "samples_per_s": samples_per_s,
         # in float32 all-reduces of the model, as the floor times them: a narrower wire moves less
         "floor_transfers": transfers and transfers * width / torch.float32.itemsize,
+        "floor": strategy.floor_name,  # the floor its sync overhead is judged against
         "table_note": strategy.table_note or None,
         **scaling(strategy.name, workers, samples_per_s, standalone),
         "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
