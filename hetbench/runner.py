@@ -142,6 +142,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     _, test = cached_mnist(cfg.run)  # bad data is refused before any file is reserved
     evaluate = Evaluator(test, cfg.run)
     out = RunOutput(cfg.run, resumed)
+    failed: list[str] = []  # the reasons of the rows that failed; the run went on past each
     try:
         out.save_run(cfg, standalone)
         with (
@@ -157,7 +158,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 at_start = measure_standalone(cluster_cfg)
                 standalone = speeds(at_start)
                 out.save_run(cfg, standalone)  # a resumed run splits as this one did
-            rows, failed = planned(cluster_cfg), []
+            rows = planned(cluster_cfg)
             for n, scenario in enumerate(rows, 1):
                 row_cfg, reference = scenario.config(cluster_cfg, standalone)
                 if recorded(out.records, scenario):
@@ -184,11 +185,11 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
                 for record in run_floors(reference_first(cluster_cfg, standalone)[0], env):  # from the reference's node
                     out.add(record)
-            if failed:  # the tables and the verdict hold the rows that finished; the exit status says the rest
-                raise RunFailed(failed[0] if len(failed) == 1 else f"{len(failed)} rows failed, the first: {failed[0]}")
     finally:
         out.close()
     print(markdown(out.records))
+    if failed:  # the tables and the verdict hold the rows that finished; the exit status says the rest
+        raise RunFailed(failed[0] if len(failed) == 1 else f"{len(failed)} rows failed, the first: {failed[0]}")
     return out.file
 
 

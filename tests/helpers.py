@@ -72,9 +72,9 @@ def fake_split(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return rng.integers(0, 256, (n, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.uint8)
 
 
-def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: str, then: str):
+def run_killing_a_worker(tmp_path: Path, monkeypatch, capsys, strategy_cls, kill, name: str, then: str):
     """Run `single`, `name`, whose step 3 starts by `kill(strategy)`, and `then`; returns the failure
-    the run ended with and its records."""
+    the run ended with, its records and what it printed."""
     from hetbench.errors import RunFailed
     from hetbench.runner import run
 
@@ -98,7 +98,7 @@ def run_killing_a_worker(tmp_path: Path, monkeypatch, strategy_cls, kill, name: 
     with pytest.raises(RunFailed) as failure:
         run(cfg)
     records = json.loads(next((tmp_path / "results" / "raw").glob("*-killed-*.json")).read_text())
-    return str(failure.value), records
+    return str(failure.value), records, capsys.readouterr().out
 
 
 UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"

@@ -11,14 +11,14 @@ from hetbench.strategies import dask_sync
 
 
 @pytest.mark.slow
-def test_losing_every_worker_fails_its_row_clearly_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_losing_every_worker_fails_its_row_clearly_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     def kill_every_worker(strategy):  # one lost worker is survived (test_faults.py)
         pids = strategy.placed.client.run(os.getpid, workers=strategy.placed.addresses)
         for address in strategy.placed.addresses:
             os.kill(pids[address], signal.SIGKILL)
 
-    message, records = run_killing_a_worker(
-        tmp_path, monkeypatch, dask_sync.DaskSync, kill_every_worker, "dask-sync", then="torch-ddp"
+    message, records, printed = run_killing_a_worker(
+        tmp_path, monkeypatch, capsys, dask_sync.DaskSync, kill_every_worker, "dask-sync", then="torch-ddp"
     )
     assert message == "dask-sync: every worker was lost (the last, 'big', at step 3)"
     # one failed row is one failed row: the run went on with the next
@@ -28,6 +28,8 @@ def test_losing_every_worker_fails_its_row_clearly_and_the_run_goes_on(tmp_path,
         ("torch-ddp", "ok"),
     ]
     assert records[1]["reason"] == message
+    # and the table it prints holds them all, the failed row with its reason
+    assert "| torch-ddp" in printed and f"failed: {message}" in printed
 
 
 def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, shared_cluster):

@@ -18,11 +18,12 @@ from hetbench.strategies.single import Single
 
 
 @pytest.mark.slow
-def test_a_dead_server_fails_its_row_clearly_and_the_run_goes_on(tmp_path, monkeypatch):
+def test_a_dead_server_fails_its_row_clearly_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
     # a lost worker is survived (test_faults.py); the server holds the only master weights
-    message, records = run_killing_a_worker(
+    message, records, _ = run_killing_a_worker(
         tmp_path,
         monkeypatch,
+        capsys,
         ray_ps.RayParameterServer,
         lambda strategy: ray.kill(strategy.placed.coordinator),
         "ray-ps",
