@@ -78,8 +78,10 @@ def _throughput(ax, trained: list[dict], records: list[dict]) -> None:
     bars = ax.barh(labels, values, color=colors)
     for bar, r in zip(bars, trained):
         eff = scaling_figure(r)
-        alone = "  (drift: the workers alone were timed at another speed)" if eff == "drift" else ""
-        alone = alone or (f"  ({eff:.0%} of the workers alone)" if eff else "")
+        if eff == "drift":
+            alone = "  (drift: the workers alone were timed at another speed)"
+        else:
+            alone = f"  ({eff:.0%} of the workers alone)" if eff else ""
         ax.annotate(
             f" {r['samples_per_s']:,.0f}" + alone,
             (bar.get_width(), bar.get_y() + bar.get_height() / 2),
