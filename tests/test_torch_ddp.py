@@ -11,24 +11,35 @@ from hetbench.strategies import registry
 from hetbench.workload import Net
 
 
+def weights_after(cfg, name: str, steps: list[int], before_step=None) -> list[torch.Tensor]:
+    """Strategy `name`'s weights after each of `steps`, from a fresh start; `before_step(strategy, step)`
+    runs before every step."""
+    strategy, weights = registry.load(name)(cfg), []
+    try:
+        strategy.start()
+        strategy.reset(cfg.run.seed)
+        for step in range(max(steps) + 1):
+            if before_step:
+                before_step(strategy, step)
+            strategy.step(step)
+            if step in steps:
+                weights.append(strategy.weights())
+        return weights
+    finally:
+        strategy.close()
+
+
 def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tmp_path, shared_cluster):
     # the hook weights by the batches the ranks hold now, so a new split changes no update
     cfg = small_config(tmp_path, UNEQUAL, "dropout=0", "optimizer=sgd", "lr=0.05", *shared_cluster.overrides)
-    trajectories = []
-    for name in ("torch-ddp", "single"):
-        strategy = registry.load(name)(cfg)
-        try:
-            strategy.start()
-            strategy.reset(cfg.run.seed)
-            for step in range(4):
-                if step == 2 and name == "torch-ddp":
-                    strategy._set_split([16, 48])
-                    strategy.push_split()
-                strategy.step(step)
-            trajectories.append(strategy.weights())
-        finally:
-            strategy.close()
-    ddp, single = trajectories
+
+    def resplit(strategy, step):
+        if step == 2:
+            strategy._set_split([16, 48])
+            strategy.push_split()
+
+    (ddp,) = weights_after(cfg, "torch-ddp", [3], resplit)
+    (single,) = weights_after(cfg, "single", [3])
     # four steps summed in another order drift ~1.6e-5 with or without the re-split (the weights move ~1e-2)
     assert torch.allclose(ddp, single, atol=1e-4, rtol=0), (ddp - single).abs().max()
 
@@ -53,21 +64,10 @@ def test_powersgd_steps_as_the_rule_until_it_starts_then_records_the_share_it_se
     powersgd = ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_rank=1"]
     sgd = [UNEQUAL, "dropout=0", "optimizer=sgd", "lr=0.05", "strategies=[single, torch-ddp]", "floor.enabled=false"]
     cfg = small_config(tmp_path, *sgd, *powersgd, "steps=6", "warmup_steps=0", "repeats=1", *shared_cluster.overrides)
-    weights = {}
-    for name in ("torch-ddp", "single"):
-        strategy = registry.load(name)(cfg)
-        try:
-            strategy.start()
-            strategy.reset(cfg.run.seed)
-            for step in range(6):
-                strategy.step(step)
-                if step in (1, 5):
-                    weights[name, step] = strategy.weights()
-        finally:
-            strategy.close()
+    ddp, single = (weights_after(cfg, name, [1, 5]) for name in ("torch-ddp", "single"))
     # steps 0-1 are PowerSGD's plain all-reduces, weighted as ever; from step 2 on rank-1 factors
-    assert torch.allclose(weights["torch-ddp", 1], weights["single", 1], atol=1e-4, rtol=0)
-    assert (weights["torch-ddp", 5] - weights["single", 5]).abs().max() > 1e-3
+    assert torch.allclose(ddp[0], single[0], atol=1e-4, rtol=0)
+    assert (ddp[1] - single[1]).abs().max() > 1e-3
     (row,) = [r for r in run(cfg).records if r["strategy"] == "torch-ddp"]
     fraction = powersgd_fraction(Net(), 1)
     assert 0.005 < fraction < 0.02 and row["floor_transfers"] == fraction  # ~100x less than the model
