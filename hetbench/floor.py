@@ -23,6 +23,7 @@ from hetbench.cluster.gloo import join_group
 from hetbench.cluster.nodes import direct_port
 from hetbench.cluster.place import place
 from hetbench.config import Config
+from hetbench.errors import RunFailed
 from hetbench.transport.direct import Channel, Listener, hello
 
 FLOOR_NAME = "gloo-floor"
@@ -116,7 +117,9 @@ def floor_ranks(cfg: Config) -> list[int]:
 
 def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
     """The gloo-floor's and the ps-floor's figures (median and CV of one all-reduce, of one round
-    trip, of `numel` float32s) between the two workers' nodes, from the same two processes."""
+    trip, of `numel` float32s) between the two workers' nodes, from the same two processes. A
+    ps-floor that cannot connect (the reference's machine must let the other in on 6386 in a joined
+    cluster, README: Ports) is a failed ps-floor: the gloo-floor's figures stand."""
     iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
     ends = place(cfg, FloorEnd, FLOOR_NAME, ranks=floor_ranks(cfg))
     try:
@@ -124,11 +127,10 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
         (port,) = ends.results([ends.call(0, "free_port", master)], "choosing a port")
         args = (master, port, numel, iterations, timeout_s)
         measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
-        listening = ends.call(0, "listen", master, direct_port(bool(cfg.cluster.ray_address)), timeout_s)
-        ((address, secret),) = ends.results([listening], "listening for the ps-floor")
-        echoed = ends.call(0, "echo", WARMUP + iterations)
-        timed = ends.call(1, "roundtrip_times", address, secret, numel, iterations, timeout_s)
-        _, roundtrips = ends.results([echoed, timed], "measuring the ps-floor")
+        try:
+            roundtrips, failure = roundtrip_times(ends, cfg, master, numel), None
+        except RunFailed as e:
+            roundtrips, failure = None, {"status": "failed", "reason": str(e)}
     finally:
         ends.close()
     # A collective ends when the slower rank has its result: take the max per iteration.
@@ -146,5 +148,16 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
         "link": {key: value for key, value in asdict(cfg.link).items() if value} or None,
     }
     gloo = {"allreduce_s": median(per_iteration), "allreduce_cv": cv(per_iteration), **common}
-    ps = {"roundtrip_s": median(roundtrips), "roundtrip_cv": cv(roundtrips), **common}
-    return gloo, ps
+    ps = failure or {"roundtrip_s": median(roundtrips), "roundtrip_cv": cv(roundtrips)}
+    return gloo, {**ps, **common}
+
+
+def roundtrip_times(ends, cfg: Config, host: str, numel: int) -> list[float]:
+    """The ps-floor: end 0 listens where a parameter server would and echoes; end 1 times round trips."""
+    iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
+    listening = ends.call(0, "listen", host, direct_port(bool(cfg.cluster.ray_address)), timeout_s)
+    ((address, secret),) = ends.results([listening], "listening for the ps-floor")
+    echoed = ends.call(0, "echo", WARMUP + iterations)
+    timed = ends.call(1, "roundtrip_times", address, secret, numel, iterations, timeout_s)
+    _, roundtrips = ends.results([echoed, timed], "measuring the ps-floor")
+    return roundtrips

@@ -128,7 +128,7 @@ def run_floors(cfg: Config, env: dict) -> list[dict]:
         figures = measure_floor(cfg, count_parameters(Net()))
     except RunFailed as e:
         return [{"strategy": name, **base, "status": "failed", "reason": str(e)} for name in FLOORS]
-    return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]
+    return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]  # f may say failed
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:

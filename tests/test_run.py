@@ -6,9 +6,10 @@ import statistics
 
 import pytest
 
-from helpers import sets, small_config
+from helpers import UNEQUAL, sets, small_config
 from hetbench import runner
 from hetbench.cluster.ray_connection import RayConnection
+from hetbench.errors import RunFailed
 from hetbench.results.rows import step_summary
 from hetbench.runner import run
 from hetbench.strategies import registry
@@ -201,3 +202,19 @@ def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
     with Progress("recorder", 4, 1) as bar:
         train_repeat(strategy, Schedule.of(cfg.run), 0, None, bar, seed=0, samples_per_step=cfg.run.batch_size)
     assert strategy.thens == [1, 2, 3, None]
+
+
+def test_a_ps_floor_that_cannot_connect_fails_alone_and_the_gloo_floor_stands(tmp_path, shared_cluster, monkeypatch):
+    from hetbench import floor
+
+    reason = "gloo-floor failed while measuring the ps-floor: cannot reach 192.0.2.1:6386 (README: Ports)"
+
+    def unreachable(*_):
+        raise RunFailed(reason)
+
+    monkeypatch.setattr(floor, "roundtrip_times", unreachable)
+    cfg = small_config(tmp_path, UNEQUAL, "floor.iterations=3", *shared_cluster.overrides)
+    gloo, ps = runner.run_floors(cfg, env={})
+    assert (gloo["strategy"], gloo["status"]) == ("gloo-floor", "ok") and gloo["allreduce_s"] > 0
+    assert (ps["strategy"], ps["status"], ps["reason"]) == ("ps-floor", "failed", reason)
+    assert "roundtrip_s" not in ps and ps["path"] == gloo["path"]

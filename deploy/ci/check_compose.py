@@ -23,6 +23,7 @@ import docker
 
 SERVICES = ("ray-head", "dask-scheduler", "dask-worker", "runner")
 DISTRIBUTED = ("ray-ps", "dask-sync", "ray-train-gloo")
+FLOORS = ("gloo-floor", "ps-floor")
 # what a service's command starts when it trains (or checks the device training needs)
 TRAINS = ("ray start", "distributed.cli.dask_worker", "hetbench devices")
 
@@ -78,10 +79,10 @@ def check_records(records: list[dict], strategies: list[str], floor: bool) -> No
         (spec,) = [w for w in single["config"]["workers"] if w["name"] == single["reference"]["worker"]]
         if worker["node"] != spec["node"] or not worker["device"].startswith(spec["device"].replace("auto", "")):
             fail(f"the baseline ran on {worker}, not on the reference worker's node and device ({spec})")
-    if floor:
-        row = next((r for r in records if r["strategy"] == "gloo-floor"), {})
+    for name in FLOORS if floor else ():  # the ps-floor: the Mac connects out to the desk's 6386, as ray-ps's workers
+        row = next((r for r in records if r["strategy"] == name), {})
         if row.get("status") != "ok" or sorted(row["path"]["nodes"]) != ["desktop", "mac"]:
-            fail(f"the gloo floor did not run between the desktop and the mac: {row.get('path') or row.get('reason')}")
+            fail(f"the {name} did not run between the desktop and the mac: {row.get('path') or row.get('reason')}")
 
 
 HOST_NAME_ADDRESS = "import socket; print(socket.gethostbyname(socket.gethostname()))"
@@ -147,7 +148,7 @@ def run(args) -> None:
     records = json.loads(files[-1].read_text())
     strategies = args.strategies.split(",")
     # each strategy once per balance (desktop-mac.yaml: equal and auto), the baseline once
-    if sorted({r["strategy"] for r in records if r["strategy"] != "gloo-floor"}) != sorted(strategies):
+    if sorted({r["strategy"] for r in records if r["strategy"] not in FLOORS}) != sorted(strategies):
         fail(f"the records hold {[r['strategy'] for r in records]}, not {strategies}")
     check_records(records, strategies, args.floor)
     if args.gloo_interfaces:
@@ -209,7 +210,9 @@ def main() -> None:
     ran.add_argument("--worker-log", required=True, help="the mac's worker.sh output")
     ran.add_argument("--timeout", type=float, default=900, help="seconds to wait for the runner")
     ran.add_argument("--strategies", required=True, help="the strategies the run has, comma-separated")
-    ran.add_argument("--floor", action="store_true", help="the run has the gloo-floor row, across the link")
+    ran.add_argument(
+        "--floor", action="store_true", help="the run has the floors' rows (gloo-floor, ps-floor), across the link"
+    )
     ran.add_argument("--gloo-interfaces", help="node=interface,...: where each node's gloo must have run")
     ran.set_defaults(func=run)
     slept = sub.add_parser("woke")
