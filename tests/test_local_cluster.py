@@ -218,8 +218,8 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     )
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path)
-    assert [r["status"] for r in records] == ["ok", "ok", "ok"]
-    ps, dask, floor = records
+    assert [r["status"] for r in records] == ["ok"] * 4
+    ps, dask, floor, ps_floor = records
     # the head listens on the host end of the veth pair, the mac node inside its namespace
     assert (ps["workers"][0]["node_ip"], ps["workers"][1]["node_ip"]) == ("10.231.0.1", "10.231.0.2")
     assert dask["workers"][1]["dask_worker"].startswith("tcp://10.231.0.2:")
@@ -227,6 +227,7 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     assert [w["transport"] for w in ps["workers"]] == ["shared memory", "direct tcp"]
     assert [w["transport"] for w in dask["workers"]] == ["shared memory", "tcp"]
     assert floor["link"] == {"rate": "200mbit"} and floor["path"]["ips"] == ["10.231.0.1", "10.231.0.2"]
+    assert ps_floor["link"] == floor["link"] and ps_floor["path"] == floor["path"]  # the same path, the same link
     assert "200mbit" in (tmp_path / "quick.md").read_text()
     assert processes_mentioning(*cluster_addresses(records)) == []
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout

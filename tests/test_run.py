@@ -88,8 +88,8 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
         "floor.iterations=3",
     )
     records = json.loads(run(cfg).path.read_text())
-    assert [r["status"] for r in records] == ["ok"] * 4
-    assert len(opened) == 1  # not one per row (4 with the floor) or repeat, nor for the standalone timings
+    assert [r["status"] for r in records] == ["ok"] * 5  # 3 rows and the 2 floors
+    assert len(opened) == 1  # not one per row (3, and the floors) or repeat, nor for the standalone timings
     # every row starts with the run's processes alone: a worker each and a coordinator, none left by the last row
     assert len(alive_at_row_start[0]) == 3 and alive_at_row_start == [alive_at_row_start[0]] * 3
     # single's worker runs in one of ray-ps's processes, a fresh role in it (the two workers share
