@@ -128,7 +128,7 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
         args = (master, port, numel, iterations, timeout_s)
         measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
         try:
-            roundtrips, failure = roundtrip_times(ends, cfg, master, numel), None
+            roundtrips, failure = measure_roundtrips(ends, cfg, master, numel), None
         except RunFailed as e:
             roundtrips, failure = None, {"status": "failed", "reason": str(e)}
     finally:
@@ -152,7 +152,7 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
     return gloo, {**ps, **common}
 
 
-def roundtrip_times(ends, cfg: Config, host: str, numel: int) -> list[float]:
+def measure_roundtrips(ends, cfg: Config, host: str, numel: int) -> list[float]:
     """The ps-floor: end 0 listens where a parameter server would and echoes; end 1 times round trips."""
     iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
     listening = ends.call(0, "listen", host, direct_port(bool(cfg.cluster.ray_address)), timeout_s)

@@ -212,7 +212,7 @@ def test_a_ps_floor_that_cannot_connect_fails_alone_and_the_gloo_floor_stands(tm
     def unreachable(*_):
         raise RunFailed(reason)
 
-    monkeypatch.setattr(floor, "roundtrip_times", unreachable)
+    monkeypatch.setattr(floor, "measure_roundtrips", unreachable)
     cfg = small_config(tmp_path, UNEQUAL, "floor.iterations=3", *shared_cluster.overrides)
     gloo, ps = runner.run_floors(cfg, env={})
     assert (gloo["strategy"], gloo["status"]) == ("gloo-floor", "ok") and gloo["allreduce_s"] > 0
