@@ -122,13 +122,14 @@ def via(name: str) -> str | None:
 
 
 def run_floors(cfg: Config, env: dict) -> list[dict]:
-    """The gloo-floor's and the ps-floor's records, measured or failed together."""
+    """The gloo-floor's and the ps-floor's records, from one measurement: both failed where the floor's
+    processes failed, the ps-floor alone where it could not connect (measure_floor says so)."""
     base = {"config": redacted(cfg.as_dict()), "env": env, "workers": []}
     try:
         figures = measure_floor(cfg, count_parameters(Net()))
     except RunFailed as e:
         return [{"strategy": name, **base, "status": "failed", "reason": str(e)} for name in FLOORS]
-    return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]  # f may say failed
+    return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
