@@ -105,9 +105,14 @@ class RunConfig:
     warmup_steps: int = setting(5, "untimed steps before them (they still train)")
     repeats: int = setting(3, "fresh-model repeats; tables show median and CV")
     speed_steps: int = setting(
-        0, "repeats after the first time this many steps, unevaluated (samples/s only); 0 = all `steps`"
+        0, "repeats after the evaluated ones time this many steps, unevaluated (samples/s only); 0 = all `steps`"
     )
+    evaluated_repeats: int = setting(3, "with speed_steps: the first N repeats check test accuracy (its spread)")
     eval_every: int = setting(50, "test-accuracy check every N steps (off the training clock)")
+    fine_eval_every: int = setting(
+        2, "near the target, not yet reached: a check every N steps (time to target's resolution); 0 = off"
+    )
+    fine_eval_within: float = setting(0.1, "near the target: the last check within this much accuracy below it")
     eval_samples: int = setting(2000, "test images for those checks")
     test_samples: int = setting(0, "test images for the final accuracy (0 = the whole split)")
     target_accuracy: float = setting(0.9, "for time-to-target")
@@ -442,12 +447,13 @@ def _worker_list(merged: dict) -> list:
 
 def validate(cfg: Config) -> Config:
     run, cluster = cfg.run, cfg.cluster
-    for key in ("batch_size", "steps", "repeats", "eval_every", "eval_samples"):
+    for key in ("batch_size", "steps", "repeats", "evaluated_repeats", "eval_every", "eval_samples"):
         if getattr(run, key) <= 0:
             raise UserError(f"config key '{key}' must be positive, got {getattr(run, key)}")
     for key in (
         "warmup_steps",
         "speed_steps",
+        "fine_eval_every",
         "threads",
         "test_samples",
         "standalone_steps",
@@ -462,6 +468,8 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"config key 'dropout' must be in [0, 1), got {run.dropout}")
     if run.lr <= 0 or not 0 < run.target_accuracy <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
+    if not 0 <= run.fine_eval_within <= 1:
+        raise UserError(f"config key 'fine_eval_within' must be in [0, 1], got {run.fine_eval_within}")
     if cfg.link.rate is not None and not RATE.match(cfg.link.rate):
         raise UserError(f"config key 'link.rate' must look like 100mbit or 1gbit, got {cfg.link.rate!r}")
     if cfg.link.rate and cluster.mode != "local-multinode":

@@ -24,8 +24,12 @@ log = logging.getLogger(__name__)
 class Schedule:
     warmup_steps: int  # untimed steps first (they still train)
     steps: int  # timed steps of an evaluated repeat
-    speed_steps: int  # timed steps of the repeats after the first, unevaluated; 0 = all evaluated
+    speed_steps: int  # timed steps of the repeats after the evaluated ones, unevaluated; 0 = all evaluated
+    evaluated_repeats: int  # with speed_steps: how many repeats, first, check test accuracy
     eval_every: int  # test accuracy every N steps
+    fine_eval_every: int  # near the target, until it is reached: every N steps; 0 = eval_every throughout
+    fine_from: float  # the accuracy from which a repeat is near the target (target - fine_eval_within)
+    target: float  # the target accuracy: once reached, checks go back to eval_every
     checkpoint_every: int  # a checkpoint every N steps; 0 = none
     rebalance_every: int  # a new split by the workers' speeds every N steps; 0 = never
     auto_balance: bool  # the split came from speeds measured alone: corrected once, at warm-up's end
@@ -36,15 +40,20 @@ class Schedule:
             warmup_steps=run.warmup_steps,
             steps=run.steps,
             speed_steps=run.speed_steps,
+            evaluated_repeats=run.evaluated_repeats,
             eval_every=run.eval_every,
+            fine_eval_every=run.fine_eval_every,
+            fine_from=run.target_accuracy - run.fine_eval_within,
+            target=run.target_accuracy,
             checkpoint_every=run.checkpoint_every,
             rebalance_every=run.rebalance_every,
             auto_balance=run.balance == ("auto",),
         )
 
     def evaluated(self, repeat: int) -> bool:
-        """Every repeat's accuracy is checked; with speed_steps only the first's (samples/s needs none)."""
-        return repeat == 0 or not self.speed_steps
+        """Every repeat's accuracy is checked; with speed_steps the first `evaluated_repeats` only
+        (samples/s needs none; the time to target's spread needs several)."""
+        return repeat < self.evaluated_repeats or not self.speed_steps
 
     def total(self, repeat: int) -> int:
         return self.warmup_steps + (self.steps if self.evaluated(repeat) else self.speed_steps)
@@ -52,9 +61,22 @@ class Schedule:
     def timed(self, step: int) -> bool:
         return step >= self.warmup_steps
 
-    def evaluates(self, repeat: int, step: int) -> bool:
-        """After `step`: every eval_every steps, and at the end, of an evaluated repeat."""
-        return self.evaluated(repeat) and ((step + 1) % self.eval_every == 0 or step + 1 == self.total(repeat))
+    def evaluates(self, repeat: int, step: int, near: bool = False) -> bool:
+        """After `step`: every eval_every steps, and at the end, of an evaluated repeat; `near` the
+        target (Schedule.near), every fine_eval_every steps as well."""
+        if not self.evaluated(repeat):
+            return False
+        every = [self.eval_every] + ([self.fine_eval_every] if near and self.fine_eval_every else [])
+        return any((step + 1) % n == 0 for n in every) or step + 1 == self.total(repeat)
+
+    def near(self, curve: list[dict]) -> bool:
+        """Whether the checks go fine after this curve: its last accuracy is within reach of the target,
+        which no check of the repeat has reached yet. The time to target is known to the interval
+        between two checks: fine checks where it is crossed make that interval a step or two."""
+        if not (self.fine_eval_every and curve):
+            return False
+        reached = any(point["accuracy"] >= self.target for point in curve)
+        return not reached and curve[-1]["accuracy"] >= self.fine_from
 
     def due(self, every: int, repeat: int, step: int) -> bool:
         """After `step`, every `every` steps, unless the repeat ends there (its end is recorded anyway)."""
@@ -81,7 +103,6 @@ class Evaluator:
         self.flat = FlatModel(Net())  # evaluated in eval mode: the dropout rate plays no part
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))
-        self.target = run.target_accuracy
 
     def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
         self.flat.load_params(weights)
@@ -121,7 +142,7 @@ def train_repeat(
         for fault in faults:
             if fault.at_step == step:
                 inject(strategy, fault, step, cluster)
-        evaluating = evaluate is not None and schedule.evaluates(repeat, step)
+        evaluating = evaluate is not None and schedule.evaluates(repeat, step, schedule.near(curve))
         saving = save is not None and schedule.checkpoints(repeat, step)
         rebalancing = strategy.rebalances and schedule.resplits(step, len(window) + 1)
         last = step + 1 == total  # nothing follows it: a step started past the end would hold the next reset
@@ -145,8 +166,9 @@ def train_repeat(
         if evaluating:
             acc = evaluate(strategy.weights())
             curve.append({"step": step + 1, "train_s": clock, "accuracy": acc})
-            if time_to_target is None and acc >= evaluate.target:
+            if time_to_target is None and acc >= schedule.target:
                 time_to_target = clock
+            strategy.near_target = schedule.near(curve)  # for ranks that run the schedule themselves
         if saving:
             save(
                 {

@@ -69,6 +69,9 @@ class Strategy(ABC):
         self.batches: list[int] = []  # per live worker: its samples per step
         self.shares: list[float] = []  # per live worker: batch / global batch, the rule's weights
         self.placed: Placed | None = None  # its workers' processes (cluster/place.py), once started
+        # Set by the training loop after each check: whether the next checks come every fine_eval_every
+        # steps (training.Schedule.near). Ranks that run the Schedule themselves must be told.
+        self.near_target = False
 
     @property
     def settings(self):

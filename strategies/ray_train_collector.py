@@ -21,14 +21,16 @@ class Collector:
         self.states: dict = {}  # repeat -> (next step, rank 0's model + optimizer): where a restart begins
         self.starts = 0  # how often the group started (Ray Train restarts it after a lost rank)
         self.resumed_from = 0  # the step the latest start began at
+        self.near_target = False  # the driver's latest word: checks every fine_eval_every steps (Schedule.near)
 
     def begin(self, rank: int):
-        """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start)."""
+        """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start),
+        checking as finely as the driver last said."""
         with self.ready:
             next_step, state = self.states.get(self.repeat, (0, None))
             if rank == 0:
                 self.starts, self.resumed_from = self.starts + 1, next_step
-            return self.repeat, next_step, state
+            return self.repeat, next_step, state, self.near_target
 
     def save_state(self, repeat: int, next_step: int, state: dict) -> None:
         with self.ready:
@@ -52,15 +54,17 @@ class Collector:
                 return None
             return self.steps.pop(key), self.snapshots.pop(key, None), self.starts, self.resumed_from
 
-    def hold(self, key: tuple, timeout_s: float) -> bool:
-        """Ranks wait here after an evaluation step until the driver has evaluated (or stops them)."""
+    def hold(self, key: tuple, timeout_s: float) -> tuple[bool, bool]:
+        """Ranks wait here after an evaluation step until the driver has evaluated (or stops them):
+        whether to stop, and whether the checks go fine from here (Schedule.near)."""
         with self.ready:
             self.ready.wait_for(lambda: key in self.released or self.stop, timeout_s)
-            return self.stop
+            return self.stop, self.near_target
 
-    def release(self, key: tuple) -> None:
+    def release(self, key: tuple, near_target: bool) -> None:
         with self.ready:
             self.released.add(key)
+            self.near_target = near_target
             self.ready.notify_all()
 
     def request_stop(self) -> None:

@@ -94,7 +94,7 @@ def train_loop(config: dict) -> None:
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
-    first_repeat, first_step, state = ray.get(collector.begin.remote(world_rank))
+    first_repeat, first_step, state, near = ray.get(collector.begin.remote(world_rank))
     schedule, every = Schedule.of(cfg.run), cfg.run.checkpoint_every or cfg.run.eval_every
     keep_state = world_rank == 0 and bool(cfg.run.faults or cfg.run.checkpoint_every)
     for repeat in range(first_repeat, cfg.run.repeats):
@@ -102,6 +102,7 @@ def train_loop(config: dict) -> None:
         if state is not None and repeat == first_repeat:
             rank.load_state(state)
         window: list[float] = []  # my computes since the split last changed
+        near = near if repeat == first_repeat else False  # the driver's word at each check (Schedule.near)
         for step in range(first_step if repeat == first_repeat else 0, schedule.total(repeat)):
             start = now(rank.device)
             # (1)-(3) as torch-ddp's ranks: my own work is my compute and update, as on one device
@@ -113,7 +114,7 @@ def train_loop(config: dict) -> None:
                 if split is not None:
                     rank.resplit(split, index)
             step_s = now(rank.device) - start
-            evaluated = schedule.evaluates(repeat, step)
+            evaluated = schedule.evaluates(repeat, step, near)
             timing = {"compute_s": own_s, "comm_s": step_s - own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}
             if split is not None and world_rank == 0:
                 timing["split"] = {w.name: b for w, b in zip(cfg.workers, split)}
@@ -123,8 +124,10 @@ def train_loop(config: dict) -> None:
             # its evaluation never competes with training for the cores
             if keep_state and schedule.due(every, repeat, step):
                 collector.save_state.remote(repeat, step + 1, rank.state())
-            if evaluated and ray.get(collector.hold.remote((repeat, step), cfg.cluster.step_timeout_s)):
-                return
+            if evaluated:
+                stop, near = ray.get(collector.hold.remote((repeat, step), cfg.cluster.step_timeout_s))
+                if stop:
+                    return
     dist.barrier()
 
 
@@ -149,7 +152,7 @@ class RayTrainGloo(Strategy):
         self.storage: str | None = None
         self.fit: threading.Thread | None = None
         self.held: tuple | None = None  # the (repeat, step) the ranks wait at, until the driver evaluated
-        self.snapshot = None  # the latest evaluated step's weights, from rank 0
+        self.snapshot = None  # the weights rank 0 sent with the latest step: at the steps it checks, else None
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -218,15 +221,16 @@ class RayTrainGloo(Strategy):
     def _release(self) -> None:
         """Let the ranks go on past the last evaluation step: the driver has evaluated by now."""
         if self.held is not None:
-            self.collector.release.remote(self.held)
+            self.collector.release.remote(self.held, self.near_target)
             self.held = None
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
         started = now()
         self._release()
         timings, snapshot, starts, resumed_from = self._wait((self.repeat, step))
+        self.snapshot = snapshot
         if snapshot is not None:
-            self.snapshot, self.held = snapshot, (self.repeat, step)
+            self.held = (self.repeat, step)
         total = max(t["total_s"] for t in timings.values())
         if starts > self.starts:  # Ray Train restarted the group during this step: it costs the step
             self.starts, total = starts, now() - started
@@ -255,6 +259,8 @@ class RayTrainGloo(Strategy):
         ray.get(kill_process.options(scheduling_strategy=where).remote(info["pid"]), timeout=self.timeout_s)
 
     def weights(self) -> torch.Tensor:
+        if self.snapshot is None:  # the ranks' Schedule and the runner's went apart: no stale weights
+            raise RunFailed(f"{self.name}: rank 0 sent no weights with the step the runner checks")
         return from_buffer(self.snapshot)
 
     def worker_info(self) -> list[dict]:

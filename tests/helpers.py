@@ -200,6 +200,7 @@ def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
         "faults=[{at_step: 4, kill: worker, target: small}]",
         "warmup_steps=1",
         "eval_every=3",
+        "fine_eval_every=0",  # checked at the same steps as single's, whatever the accuracy
         "floor.enabled=false",
         "repeats=1",
         "checkpoint_every=3",

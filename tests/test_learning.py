@@ -30,6 +30,8 @@ def learned(tmp_path_factory, _shared_cluster):
         UNEQUAL,
         f"steps={STEPS}",
         f"speed_steps={SPEED_STEPS}",  # the second repeat is timed only
+        "evaluated_repeats=1",
+        "fine_eval_every=0",  # the curve's steps are asserted below (test_training checks fine ones)
         f"warmup_steps={WARMUP}",
         "repeats=2",
         f"eval_every={EVAL_EVERY}",

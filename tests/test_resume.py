@@ -23,6 +23,8 @@ RUN = [
     "--set",
     "eval_every=3",
     "--set",
+    "fine_eval_every=0",  # checked at the same steps as single's, whatever the accuracy
+    "--set",
     "repeats=2",
     "--set",
     "checkpoint_every=3",

@@ -99,7 +99,11 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
 
 
 @pytest.mark.slow
-def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path, shared_cluster):
+def test_speed_steps_time_the_repeats_after_the_evaluated_ones_and_checks_go_fine_near_the_target(
+    tmp_path, shared_cluster
+):
+    # ray-train-gloo's ranks run the Schedule themselves: they must check the same steps as the runner
+    # (the driver refuses a check without fresh weights), fine ones included
     cfg = small_config(
         tmp_path,
         *shared_cluster.overrides,
@@ -108,17 +112,22 @@ def test_speed_steps_time_the_later_repeats_without_evaluating_them(tmp_path, sh
         "workers=[{name: a}, {name: b}]",
         "steps=4",
         "speed_steps=2",
+        "evaluated_repeats=2",
         "warmup_steps=1",
         "repeats=3",
-        "eval_every=2",
+        "eval_every=3",
+        "fine_eval_every=2",
+        "target_accuracy=1.0",  # never reached,
+        "fine_eval_within=1.0",  # and near it from the first check on
         "floor.enabled=false",
     )
     records = json.loads(run(cfg).path.read_text())
     for record in records:
-        assert record["status"] == "ok" and record["repeat_timed_steps"] == [4, 2, 2]
-        assert record["evaluated_repeats"] == 1 and record["final_accuracy"] is not None
-        assert [p["step"] for p in record["accuracy_curve"]] == [2, 4, 5]
-    assert "the first; speed_steps timed the others only" in (tmp_path / "results" / "speed.md").read_text()
+        assert record["status"] == "ok" and record["repeat_timed_steps"] == [4, 4, 2]
+        assert record["evaluated_repeats"] == 2 and record["final_accuracy"] is not None
+        # every 3 steps, then every 2 from the first check, and at the end
+        assert [p["step"] for p in record["accuracy_curve"]] == [3, 4, 5]
+    assert "speed_steps timed the others only" in (tmp_path / "results" / "speed.md").read_text()
 
 
 def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, caplog, shared_cluster):

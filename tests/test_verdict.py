@@ -143,3 +143,21 @@ def test_times_to_target_within_the_runs_resolution_and_spread_are_said_to_match
     assert verdict([base, FLOOR, apart])[0].endswith("after 35 s of training against 40 s for desk alone.")
     spread = {**apart, "repeat_time_to_target_s": [31.0, 35.0, 39.0]}
     assert "as far as this run can tell (35 s and 40 s: within 9.8 s)" in verdict([base, FLOOR, spread])[0]
+
+
+def test_the_checks_around_the_crossing_set_the_resolution_and_steps_stand_beside_the_seconds():
+    # fine checks near the target: the crossing lay within 0.3 s (the driver's widest bracket), not
+    # within one eval_every interval (2.1 s here), so 1.5 s apart is a gain this run can tell
+    config = {"batch_size": 256, "eval_every": 25}
+    fine = {"repeat_target_bracket_s": [0.3, 0.2, 0.25], "repeat_time_to_target_s": [38.5, 38.5, 38.5]}
+    base = {**SINGLE, **fine, "config": config, "steps_to_target": 47}
+    row = {**ALLREDUCE, **fine, "config": config, "time_to_target_s": 38.5, "steps_to_target": 46}
+    assert verdict([base, FLOOR, row])[0].endswith(
+        "; 97% test accuracy after 38 s (46 steps) of training against 40 s (47 steps) for desk alone."
+    )
+    # the base's own repeats spread 2 s: the same 1.5 s is within it
+    spread = {**base, "repeat_time_to_target_s": [39.0, 40.0, 41.0]}
+    assert (
+        "as far as this run can tell (38 s (46 steps) and 40 s (47 steps): within 2.3 s)"
+        in verdict([spread, FLOOR, row])[0]
+    )

@@ -244,7 +244,7 @@ def legend(records: list[dict]) -> str:
     return "\n".join([LEGEND, *notes])
 
 
-SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (the first; speed_steps timed the others only)."
+SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (speed_steps timed the others only)."
 
 
 LEGEND = """\
@@ -274,5 +274,6 @@ divides a row's sync overhead by its own pattern's floor: the ps-floor for the p
 (ray-ps, ray-ps-async, ray-localsgd, dask-sync), the gloo-floor for the others. startup s: a row's
 own processes and data; Ray starts once per run, before the rows (ray_startup_s in the records).
 time to target: training clock (evaluation excluded) until the test accuracy first reached the
-config's target_accuracy; steps to target (--wide, CSV): the same in steps, as often as accuracy was
-checked (eval_every)."""
+config's target_accuracy, median over the evaluated repeats; steps to target (--wide, CSV): the same
+in steps. Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is
+within fine_eval_within of the target: the crossing is known to that interval."""

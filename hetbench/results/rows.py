@@ -44,6 +44,7 @@ def strategy_row(
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     steps = [steps_to_target(r["curve"], cfg.run.target_accuracy) for r in evaluated]
+    brackets = [target_bracket_s(r["curve"], cfg.run.target_accuracy) for r in evaluated]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     return {
@@ -62,9 +63,13 @@ def strategy_row(
         "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
         "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
         "repeat_time_to_target_s": [r["time_to_target_s"] for r in evaluated],  # its spread: verdict.uncertainty
-        # the same in steps, at the curve's resolution (every eval_every steps): a synchronous step is
-        # one single-device step on the union batch, so steps should match the baseline's in expectation
+        # per evaluated repeat, the training seconds between the check before the target and the one
+        # that reached it: the crossing lies somewhere inside (verdict.uncertainty)
+        "repeat_target_bracket_s": brackets,
+        # the same in steps, at the curve's resolution: a synchronous step is one single-device step
+        # on the union batch, so steps should match the baseline's in expectation
         "steps_to_target": median(steps) if None not in steps else None,
+        "repeat_steps_to_target": steps,
         "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
         "target_accuracy": cfg.run.target_accuracy,
         "startup_s": startup_s,
@@ -107,6 +112,17 @@ def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> dict:
 def steps_to_target(curve: list[dict], target: float) -> int | None:
     """The first evaluated step whose test accuracy reached `target`; None if none did."""
     return next((point["step"] for point in curve if point["accuracy"] >= target), None)
+
+
+def target_bracket_s(curve: list[dict], target: float) -> float | None:
+    """The training seconds from the last check below `target` (or the start) to the first at or
+    above it; None if none reached it."""
+    before = 0.0
+    for point in curve:
+        if point["accuracy"] >= target:
+            return point["train_s"] - before
+        before = point["train_s"]
+    return None
 
 
 def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: dict | None) -> dict:

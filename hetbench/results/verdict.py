@@ -102,19 +102,31 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
     if mine is None or theirs is None or target is None:
         return ""
     margin = max(uncertainty(record), uncertainty(base))
+    mine_at, theirs_at = f"{mine:.0f} s{_steps(record)}", f"{theirs:.0f} s{_steps(base)}"
     if abs(mine - theirs) <= margin:  # a gain this run cannot tell from its resolution and spread
         return (
             f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run "
-            f"can tell ({mine:.0f} s and {theirs:.0f} s: within {margin:.1f} s)"
+            f"can tell ({mine_at} and {theirs_at}: within {margin:.1f} s)"
         )
-    return f"; {target:.0%} test accuracy after {mine:.0f} s of training against {theirs:.0f} s for {alone} alone"
+    return f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone"
+
+
+def _steps(record: dict) -> str:
+    """ " (44 steps)": the median steps to target beside the seconds, where the record has them."""
+    steps = record.get("steps_to_target")
+    return f" ({steps:g} steps)" if steps is not None else ""
 
 
 def uncertainty(record: dict) -> float:
-    """Seconds within which two times to target cannot be told apart: one evaluation interval of
-    training (the target was crossed somewhere inside it) plus the spread of the evaluated repeats."""
+    """Seconds within which two times to target cannot be told apart: the widest interval between
+    the two checks the target was crossed between (fine near the target: training.Schedule.near),
+    plus the spread of the evaluated repeats' times. Records from before the brackets: one
+    eval_every interval of training."""
+    times = [t for t in record.get("repeat_time_to_target_s") or [] if t is not None]
+    spread = max(times) - min(times) if len(times) > 1 else 0.0
+    brackets = [b for b in record.get("repeat_target_bracket_s") or [] if b is not None]
+    if brackets:
+        return max(brackets) + spread
     config = record.get("config") or {}
     every, batch, rate = config.get("eval_every"), config.get("batch_size"), record.get("samples_per_s")
-    interval = every * batch / rate if every and batch and rate else 0.0
-    times = [t for t in record.get("repeat_time_to_target_s") or [] if t is not None]
-    return interval + (max(times) - min(times) if len(times) > 1 else 0.0)
+    return (every * batch / rate if every and batch and rate else 0.0) + spread
