@@ -20,10 +20,10 @@ from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.output import RunOutput, reopened
 from hetbench.results.records import RecordFile, environment, redacted
-from hetbench.results.report import markdown
-from hetbench.results.rows import base_row, failed_row, rescale, strategy_row
+from hetbench.results.report import alone, markdown
+from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
-from hetbench.standalone import measure_standalone, speeds
+from hetbench.standalone import Brackets, measure_standalone, speeds
 from hetbench.strategies import registry
 from hetbench.strategies.roles import ParameterServer, Replica
 from hetbench.training import Evaluator, Schedule, train_repeat
@@ -154,11 +154,10 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
             cluster_cfg = wait_for_workers(replace(cfg, cluster=joined))
             ray_startup_s = open_ray(cluster_cfg)
-            at_start = None  # each worker's timings alone at the start (a resumed run has only their medians)
-            if standalone is None and wants_standalone(cluster_cfg):
-                at_start = measure_standalone(cluster_cfg)
-                standalone = speeds(at_start)
-                out.save_run(cfg, standalone)  # a resumed run splits as this one did
+            brackets = Brackets(cluster_cfg, wants_standalone(cluster_cfg))
+            if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
+                standalone = speeds(measure_standalone(cluster_cfg))
+                out.save_run(cfg, standalone)
             rows = planned(cluster_cfg)
             for n, scenario in enumerate(rows, 1):
                 row_cfg, reference = scenario.config(cluster_cfg, standalone)
@@ -167,6 +166,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                     continue
                 log.debug("running %s", scenario.label)
                 where = f"[{n}/{len(rows)}] {scenario.label}"  # the progress line's
+                judged = brackets.before(scenario.strategy != registry.BASELINE)  # its workers timed alone first
                 try:
                     record = run_strategy(scenario, row_cfg, evaluate, env, standalone, out.checkpoints, cluster, where)
                 except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
@@ -174,6 +174,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                     failed.append(str(e))
                     log.warning("%s failed: %s; going on with the next row", scenario.label, e)
                     continue
+                if judged and "scaling_efficiency" in record:
+                    bracketed(record, *brackets.after())
                 record["cluster_startup_s"] = cluster_startup_s
                 record["ray_startup_s"] = ray_startup_s  # once for the run, before every row: no row's startup
                 if reference:
@@ -181,8 +183,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 out.add(record, scenario.key)
                 if record["status"] == "skipped":
                     log.info("skipped %s: %s", scenario.label, record["reason"])
-            if at_start:
-                rescale(out.file, at_start, measure_standalone(cluster_cfg))
+            if line := alone(out.records).strip():
+                log.info(line)
             if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
                 for record in run_floors(reference_first(cluster_cfg, standalone)[0], env):  # from the reference's node
                     out.add(record)

@@ -1,11 +1,12 @@
 """Each worker measured alone, in the same run: the speeds `balance: auto` splits by, and the
 reference of scaling efficiency (measured throughput / the sum of the workers' standalone ones).
 
-Every worker trains alone, one after the other (twice, A B .. B A), on the whole global batch, on
-its own node and device (placed as every strategy's workers are: cluster/placed.py), with the
-threads it gets in the run (on one box the emulated machines
-share the cores). `hetbench run` times them at its start (auto's split) and again at its end: a
-shared machine drifts over a run, and the reference should drift with the rows it judges.
+Every worker trains alone, one after the other, on the whole global batch, on its own node and
+device (placed as every strategy's workers are: cluster/placed.py), with the threads it gets in the
+run (on one box the emulated machines share the cores). `hetbench run` times them at its start
+(auto's split: A B .. B A), then just before and just after every row they judge (Brackets): a
+machine's speed drifts over a run (a shared box, a warm laptop), and each row's reference should be
+the speed its workers had while it ran, not an hour before.
 """
 
 from __future__ import annotations
@@ -18,14 +19,14 @@ from hetbench.strategies.roles import Replica
 WARMUP_STEPS = 3
 
 
-def measure_standalone(cfg: Config) -> dict[str, list[float]]:
-    """Worker name -> its samples/s training alone, one figure per timing (two each)."""
+def measure_standalone(cfg: Config, order: list[int] | None = None) -> dict[str, list[float]]:
+    """Worker name -> its samples/s training alone, one figure per timing: by default two each, in
+    the order A B .. B A, so drift on a shared machine hits every worker alike; else in `order`."""
+    ranks = list(range(len(cfg.workers)))
     workers = place(cfg, Replica, "standalone")
     try:
-        # one at a time, in the order A B .. B A, so drift on a shared machine hits every worker alike
-        order = list(range(len(cfg.workers))) + list(reversed(range(len(cfg.workers))))
         timed: dict[str, list[float]] = {w.name: [] for w in cfg.workers}
-        for rank in order:
+        for rank in order or ranks + ranks[::-1]:
             name = cfg.workers[rank].name
             timed[name] += workers.results(
                 [workers.call(rank, "alone", cfg.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
@@ -33,6 +34,36 @@ def measure_standalone(cfg: Config) -> dict[str, list[float]]:
         return timed
     finally:
         workers.close()
+
+
+class Brackets:
+    """Each worker timed alone just before and just after every row it judges (one timing each way:
+    A B, then B A, so the two around a row mirror each other). Rows run back to back share the
+    timing between them; after any other row (the baseline, a failed one) the next is timed anew."""
+
+    def __init__(self, cfg: Config, enabled: bool) -> None:
+        self.cfg, self.enabled = cfg, enabled
+        self.latest: dict[str, list[float]] | None = None  # the last timings, if nothing ran since
+        self.before_row: dict[str, list[float]] | None = None  # those just before the running row
+        self.timings = 0
+
+    def before(self, judges: bool) -> bool:
+        """A row starts: where they judge it, its workers timed alone first (unless that was just
+        done); whether they do."""
+        if judges and self.enabled and self.latest is None:
+            self.latest = self._measure()
+        self.before_row, self.latest = (self.latest if judges and self.enabled else None), None
+        return self.before_row is not None
+
+    def after(self) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+        """After a row they judge: the timings just before it, and anew just after (the next row's before)."""
+        self.latest = self._measure()
+        return self.before_row, self.latest
+
+    def _measure(self) -> dict[str, list[float]]:
+        ranks = list(range(len(self.cfg.workers)))
+        self.timings += 1
+        return measure_standalone(self.cfg, ranks if self.timings % 2 else ranks[::-1])
 
 
 def speeds(*timings: dict[str, list[float]]) -> dict[str, float]:

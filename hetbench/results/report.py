@@ -221,15 +221,33 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
 
 
 def alone(records: list[dict]) -> str:
-    """The scaling reference's own figures: each worker's timings alone, at the start and the end of the run."""
-    timings = next((r["standalone_timings"] for r in records if r.get("standalone_timings")), None)
-    if not timings:
+    """The scaling reference's own figures: each worker's timings alone, in run order, just before and
+    after each row they judge (a timing between two rows serves both); records from before the
+    brackets were timed at the start and the end of the run."""
+    around = [r["standalone_timings"] for r in records if r.get("standalone_timings")]
+    if not around:
         return ""
+    if "start" in next(iter(around[0].values())):
+        return (
+            "alone, samples/s (each timing; start of the run -> end): "
+            + "; ".join(f"{name} {_each(t['start'])} -> {_each(t['end'])}" for name, t in around[0].items())
+            + "\n\n"
+        )
     return (
-        "alone, samples/s (each timing; start of the run -> end): "
-        + "; ".join(f"{name} {_each(t['start'])} -> {_each(t['end'])}" for name, t in timings.items())
+        "alone, samples/s (each worker timed just before and after each row it judges, in run order): "
+        + "; ".join(f"{name} {' -> '.join(_each(rates) for rates in _in_order(around, name))}" for name in around[0])
         + "\n\n"
     )
+
+
+def _in_order(around: list[dict], name: str) -> list[list[float]]:
+    """`name`'s timings around the rows, each once: a row's before is the last row's after when none ran between."""
+    timings: list[list[float]] = []
+    for bracket in around:
+        if not timings or bracket[name]["before"] != timings[-1]:
+            timings.append(bracket[name]["before"])
+        timings.append(bracket[name]["after"])
+    return timings
 
 
 def _each(rates: list[float]) -> str:
@@ -258,8 +276,8 @@ balance: how the global batch was split (equal; proportional to configured speed
 speeds measured alone, then once more by those of the warm-up steps, where the workers share the
 machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
 the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
-trains alone on the whole batch in the same run (the median of its timings at the start and at the end of
-the run; auto's first split uses those at the start; "drift": above 100%, which says the machine's speed moved
+trains alone on the whole batch in the same run (the median of its timings just before and just after the
+row; auto's split uses those at the run's start; "drift": above 100%, which says the machine's speed moved
 between those timings and the row, not that the row beat its workers). "(slowed Nx)" marks an emulated slow worker.
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
 same run, over the same link), k = the strategy's transfers of the model per step (1 for an

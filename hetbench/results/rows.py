@@ -12,8 +12,7 @@ from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Config
 from hetbench.gradients import WIRE_DTYPES, count_parameters
-from hetbench.results.records import RecordFile, redacted
-from hetbench.results.report import alone
+from hetbench.results.records import redacted
 from hetbench.scenarios import row_fields
 from hetbench.standalone import speeds
 from hetbench.step_timing import StepTiming
@@ -135,17 +134,10 @@ def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: di
     return {"standalone_sum_samples_per_s": alone_sum, "scaling_efficiency": samples_per_s / alone_sum}
 
 
-def rescale(out: RecordFile, at_start: dict, at_end: dict) -> None:
-    """Scaling efficiency against each worker timed alone at the start and at the end of the run (the
-    median of both): the rows ran in between, so the machine's drift moves their reference with them."""
-    reference = speeds(at_start, at_end)
-    timings = {name: {"start": at_start[name], "end": at_end[name]} for name in at_start}
-    for record in out.records:
-        if "scaling_efficiency" in record:
-            record.update(
-                scaling(record["strategy"], record["workers"], record["samples_per_s"], reference),
-                standalone_timings=timings,
-            )
-    out.save()
-    if line := alone(out.records).strip():
-        log.info(line)
+def bracketed(record: dict, before: dict, after: dict) -> None:
+    """Scaling efficiency against each worker timed alone just before and just after the row (the
+    median of both: standalone.Brackets), so the machine's drift moves the reference with the row."""
+    record.update(
+        scaling(record["strategy"], record["workers"], record["samples_per_s"], speeds(before, after)),
+        standalone_timings={name: {"before": before[name], "after": after[name]} for name in before},
+    )

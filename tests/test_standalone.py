@@ -1,0 +1,59 @@
+"""The workers timed alone around each row they judge: when, in which order, and what the row keeps."""
+
+import pytest
+
+from helpers import small_config
+from hetbench import standalone
+from hetbench.results.report import alone
+from hetbench.results.rows import bracketed
+
+
+@pytest.fixture
+def timed(monkeypatch):
+    """measure_standalone's orders, in call order; each timing returns the call's number as both speeds."""
+    orders: list[list[int]] = []
+
+    def measure(cfg, order=None):
+        orders.append(order)
+        return {"a": [100.0 * len(orders)], "b": [10.0 * len(orders)]}
+
+    monkeypatch.setattr(standalone, "measure_standalone", measure)
+    return orders
+
+
+def test_rows_run_back_to_back_share_the_timing_between_them_and_others_are_timed_anew(tmp_path, timed):
+    brackets = standalone.Brackets(small_config(tmp_path, "workers=[{name: a}, {name: b}]"), enabled=True)
+    assert brackets.before(judges=False) is False and timed == []  # the baseline: nobody timed
+    assert brackets.before(judges=True) and len(timed) == 1  # the first judged row: timed before it
+    assert brackets.after() == ({"a": [100.0], "b": [10.0]}, {"a": [200.0], "b": [20.0]})
+    assert brackets.before(judges=True) and len(timed) == 2  # the next row: that timing serves as its before
+    assert brackets.after()[0] == {"a": [200.0], "b": [20.0]}
+    brackets.before(judges=True)  # a row that failed: no after, so the next is timed anew
+    assert brackets.before(judges=True) and len(timed) == 4
+    # each timing runs the other way round from the one before: the two around a row mirror each other
+    assert timed == [[0, 1], [1, 0], [0, 1], [1, 0]]
+
+
+def test_no_timings_where_the_run_wants_none(tmp_path, timed):
+    brackets = standalone.Brackets(small_config(tmp_path), enabled=False)
+    assert brackets.before(judges=True) is False and timed == []
+
+
+def test_a_row_is_judged_by_its_own_bracket_and_the_table_shows_each_timing_once():
+    workers = [{"name": "a", "batch": 48}, {"name": "b", "batch": 16}]
+    first = {"strategy": "ray-ps", "samples_per_s": 110.0, "workers": [dict(w) for w in workers]}
+    second = {"strategy": "dask-sync", "samples_per_s": 99.0, "workers": [dict(w) for w in workers]}
+    bracketed(first, {"a": [100.0], "b": [10.0]}, {"a": [120.0], "b": [20.0]})
+    bracketed(second, {"a": [120.0], "b": [20.0]}, {"a": [80.0], "b": [10.0]})
+    assert [w["standalone_samples_per_s"] for w in first["workers"]] == [110.0, 15.0]
+    assert first["scaling_efficiency"] == pytest.approx(110.0 / 125.0)
+    assert second["scaling_efficiency"] == pytest.approx(99.0 / 115.0)
+    assert alone([first, second]) == (
+        "alone, samples/s (each worker timed just before and after each row it judges, in run order): "
+        "a 100 -> 120 -> 80; b 10 -> 20 -> 10\n\n"
+    )
+
+
+def test_records_from_before_the_brackets_show_the_runs_start_and_end():
+    kept = {"strategy": "ray-ps", "standalone_timings": {"a": {"start": [100.0, 102.0], "end": [90.0, 91.0]}}}
+    assert alone([kept]) == "alone, samples/s (each timing; start of the run -> end): a 100/102 -> 90/91\n\n"
