@@ -65,21 +65,27 @@ def stop_trees(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
             proc.poll()
         time.sleep(0.1)
     _signal([p for p in pids if alive(p)], signal.SIGKILL)
-    for proc in procs:
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            pass
+    _reap(procs, pids, grace_s)
 
 
 def kill_trees(procs: list[subprocess.Popen], reap_s: float = 10.0) -> None:
     """SIGKILL each process and its descendants at once (a machine vanishing, not a shutdown), reap."""
-    _signal([p for proc in procs for p in descendants(proc.pid)], signal.SIGKILL)
+    pids = [p for proc in procs for p in descendants(proc.pid)]
+    _signal(pids, signal.SIGKILL)
+    _reap(procs, pids, reap_s)
+
+
+def _reap(procs: list[subprocess.Popen], pids: list[int], timeout_s: float) -> None:
+    """Wait for our children, and until every descendant signalled is gone: a killed process tears
+    its memory down before it ends, and one that is not our child is not waited for by `wait`."""
     for proc in procs:
         try:
-            proc.wait(timeout=reap_s)
+            proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             pass
+    deadline = time.monotonic() + timeout_s
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _signal(pids: list[int], sig: int) -> None:
