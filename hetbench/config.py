@@ -112,7 +112,7 @@ class RunConfig:
     fine_eval_every: int = setting(
         2, "near the target, not yet reached: a check every N steps (time to target's resolution); 0 = off"
     )
-    fine_eval_within: float = setting(0.1, "near the target: the last check within this much accuracy below it")
+    fine_eval_within: float = setting(0.2, "near the target: the last check within this much accuracy below it")
     eval_samples: int = setting(2000, "test images for those checks")
     test_samples: int = setting(0, "test images for the final accuracy (0 = the whole split)")
     target_accuracy: float = setting(0.9, "for time-to-target")
