@@ -14,6 +14,9 @@ class StepTiming:
     wait_s: float
     total_s: float  # wall time of the whole step, as the driver sees it
     update_s: float = 0.0  # part of comm: a central optimizer step (parameter server only)
+    # No barrier (ray-ps-async): what a worker waits beyond its compute for fresh weights, measured by
+    # the workers themselves, in place of the step time left beyond the slowest compute
+    overhead_s: float | None = None
 
     @classmethod
     def synchronous(cls, compute_s: dict[str, float], total_s: float, update_s: float = 0.0) -> StepTiming:
@@ -23,5 +26,8 @@ class StepTiming:
 
     @property
     def sync_overhead_s(self) -> float:
-        """What distribution costs this step: step time minus the slowest worker's compute."""
+        """What distribution costs this step: step time minus the slowest worker's compute (or, with
+        no barrier, the workers' own wait for fresh weights: overhead_s)."""
+        if self.overhead_s is not None:
+            return self.overhead_s
         return max(0.0, self.total_s - max(self.compute_s.values()))

@@ -8,6 +8,7 @@ batch share, and the worker restarts from the newest weights, unless it is more 
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 
 import ray
@@ -28,8 +29,9 @@ class RayParameterServerAsync(RayParameterServer):
     name = "ray-ps-async"
     options = AsyncOptions
     table_note = (
-        "ray-ps-async: no barrier, so wait ms is the time a worker was held back by max_staleness "
-        "and no link prediction applies."
+        "ray-ps-async: no barrier, so its sync overhead is a worker's own wait for fresh weights after each "
+        "batch (its gradient up, the update, the weights down), wait ms the time max_staleness held it "
+        "back, and no link prediction applies."
     )
     synchronous = False
     uses_host_memory = False  # the server writes while other workers read: each needs its own copy
@@ -50,29 +52,36 @@ class RayParameterServerAsync(RayParameterServer):
         self.next_batch = [0] * len(self.info)  # each worker reads its own stream of slices
         self.in_flight = {}
         self.parked: list[int] = []
+        self.parked_at: dict[int, float] = {}  # rank -> when its batch was applied, until it is given its next
         for rank in range(len(self.info)):
             self._submit(rank)
 
-    def _submit(self, rank: int) -> None:
-        grad, compute = self.placed.call(rank, "compute", self.newest, self.next_batch[rank], returns=2)
+    def _submit(self, rank: int, parked_s: float = 0.0) -> None:
+        """Worker `rank`'s next batch, from the newest weights; `parked_s`: how long max_staleness held it."""
+        call = self.placed.call(rank, "compute_after_idle", self.newest, self.next_batch[rank], returns=2)
         self.next_batch[rank] += 1
-        self.in_flight[grad] = (rank, self.version, compute, self.batches[rank])
+        self.in_flight[call[0]] = (rank, self.version, call[1], self.batches[rank], parked_s)
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
-        start, applied, waited = now(), 0, 0.0
+        start, applied = now(), 0
         computes: dict[str, list[float]] = {w["name"]: [] for w in self.info}
+        idles, parks = [], []  # per batch applied: its worker's wait for fresh weights before it, held back
         while applied < self.cfg.run.batch_size:
             # (1) whichever worker finishes first ...
             ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=self.cfg.cluster.step_timeout_s)
             if not ready:
                 raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
-            rank, started_at, compute, batch = self.in_flight.pop(ready[0])
+            rank, started_at, timing, batch, parked_s = self.in_flight.pop(ready[0])
             try:
-                computes[self.info[rank]["name"]].append(self.placed.results([compute], f"step {step}", True)[0])
+                compute_s, idle_s = self.placed.results([timing], f"step {step}", True)[0]
             except WorkersLost as e:  # its gradient never came: go on with the others
                 self.placed.succeeded(ready[0])
                 self._lose(e.ranks, step)
                 continue
+            computes[self.info[rank]["name"]].append(compute_s)
+            if idle_s is not None:  # its overhead: the wait beyond what max_staleness held it back
+                idles.append(max(0.0, idle_s - parked_s))
+                parks.append(parked_s)
             # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch
             share = batch / self.cfg.run.batch_size  # the batch it computed on, even if re-split since
             self.newest, _ = self.placed.coordinator_call("apply", [share], ready[0], returns=2)
@@ -80,29 +89,32 @@ class RayParameterServerAsync(RayParameterServer):
             self.version += 1
             applied += batch
             # bounded staleness: run ahead of the slowest worker by at most max_staleness versions
-            parked_at = now()
+            self.parked_at.setdefault(rank, now())
             for r in [rank, *self.parked]:
                 self.parked = [p for p in self.parked if p != r]
                 if self._too_far_ahead():
                     self.parked.append(r)
                 else:
-                    self._submit(r)
-            waited += now() - parked_at
+                    self._submit(r, now() - self.parked_at.pop(r))
         total = now() - start
         # a worker that finished no batch during this step reports no compute for it
         compute_s = {name: (sum(c) / len(c) if c else 0.0) for name, c in computes.items()}
-        return StepTiming(compute_s, comm_s=max(0.0, total - max(compute_s.values())), wait_s=waited, total_s=total)
+        overhead = statistics.fmean(idles) if idles else 0.0
+        waited = statistics.fmean(parks) if parks else 0.0
+        comm_s = max(0.0, total - max(compute_s.values()))
+        return StepTiming(compute_s, comm_s=comm_s, wait_s=waited, total_s=total, overhead_s=overhead)
 
     def _lose(self, ranks: list[int], step: int) -> None:
         """As ray-ps, and the lost workers' batches in flight are dropped; the others' ranks move down."""
         for lost in sorted(ranks, reverse=True):
             del self.next_batch[lost]
             self.parked = [r - (r > lost) for r in self.parked if r != lost]
+            self.parked_at = {r - (r > lost): t for r, t in self.parked_at.items() if r != lost}
             self.in_flight = {ref: (r - (r > lost), *rest) for ref, (r, *rest) in self.in_flight.items() if r != lost}
         super()._lose(ranks, step)
         if not self.in_flight:  # the lost worker was the one the parked ones waited for
             for rank in self.parked:
-                self._submit(rank)
+                self._submit(rank, now() - self.parked_at.pop(rank))
             self.parked = []
 
     def _too_far_ahead(self) -> bool:

@@ -29,6 +29,7 @@ class Replica:
     """
 
     shared: HostBuffers | None = None
+    returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
 
     def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
         configure_threads(cfg.run.threads, threads_share)
@@ -63,7 +64,7 @@ class Replica:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def reset(self, seed: int) -> None:
-        self.seed = seed
+        self.seed, self.returned_at = seed, None
         self.order = BatchOrder(len(self.labels), self.cfg.run.batch_size, seed, self.device)
         self.flat = FlatModel(build_model(self.cfg.run.dropout, seed).to(self.device))
 
@@ -89,6 +90,16 @@ class Replica:
                 self.shared.publish_gradient(self.slot, ticket)
             return self.slot, compute_s
         return to_wire(self.flat.grads, self.cfg.run.wire_dtype), compute_s
+
+    def compute_after_idle(self, weights, step: int) -> tuple:
+        """As `compute`, and the seconds since my previous one handed its gradient back: my gradient's
+        way up, its update and the new weights' way down, all that kept me from computing (ray-ps-async's
+        overhead); None for a repeat's first. One clock, this process's, at both ends."""
+        started = time.perf_counter()  # my weights have arrived: Ray resolved them before calling me
+        idle_s = started - self.returned_at if self.returned_at is not None else None
+        gradient, compute_s = self.compute(weights, step)
+        self.returned_at = time.perf_counter()
+        return gradient, (compute_s, idle_s)
 
     def alone(self, steps: int, warmup: int) -> float:
         """This worker training alone on the whole global batch (forward, backward, update): samples/s."""

@@ -12,6 +12,7 @@ from hetbench.cluster.ray_connection import RayConnection
 from hetbench.errors import RunFailed
 from hetbench.results.rows import step_summary
 from hetbench.runner import run
+from hetbench.step_timing import StepTiming
 from hetbench.strategies import registry
 from hetbench.training import Schedule, train_repeat
 
@@ -32,6 +33,8 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     staleness = ps_async["staleness"]
     assert sum(staleness["histogram"].values()) >= 2 * 6 and staleness["max"] <= 2
     assert [p["step"] for p in ps_async["accuracy_curve"]][:2] == [3, 6]
+    # its overhead: the workers' own wait for fresh weights after each batch, never the step's leftover
+    assert 0 < ps_async["step"]["sync_overhead_s"] < ps_async["step"]["total_s"]
     assert floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
     assert floor["path"]["interfaces"] == [shared_cluster.interface] * 2  # each end's gloo, toward the other
     # the parameter server's floor: the same buffer up and back down between the same two processes
@@ -177,8 +180,6 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
 
 
 def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_step():
-    from hetbench.step_timing import StepTiming
-
     quiet, exchange = StepTiming({"w": 0.1}, 0.0, 0.0, 0.1), StepTiming({"w": 0.1}, 0.3, 0.0, 0.4)
     round_of_four = [quiet, quiet, quiet, exchange]
     assert step_summary(round_of_four)["sync_overhead_s"] == 0  # the median step exchanges nothing
@@ -186,10 +187,17 @@ def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_ste
     assert summary["sync_overhead_s"] == pytest.approx(0.075) and summary["total_s"] == pytest.approx(0.175)
 
 
+def test_without_a_barrier_the_overhead_is_the_workers_own_wait_for_fresh_weights():
+    # the slow worker finished no batch this step: step time minus the slowest compute would read 0
+    step = StepTiming({"fast": 0.006, "slow": 0.0}, comm_s=0.0, wait_s=0.001, total_s=0.006, overhead_s=0.004)
+    assert step.sync_overhead_s == 0.004 and step_summary([step] * 3)["sync_overhead_s"] == pytest.approx(0.004)
+    barrier = StepTiming({"fast": 0.006, "slow": 0.009}, comm_s=0.002, wait_s=0.003, total_s=0.011)
+    assert barrier.sync_overhead_s == pytest.approx(0.002)
+
+
 def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
     # a step started past the end waited for weights that never came and held the next repeat's reset
     from hetbench.progress import Progress
-    from hetbench.step_timing import StepTiming
     from hetbench.strategies.base import Strategy
 
     class Recorder(Strategy):

@@ -271,7 +271,8 @@ floor-predicted samples/s, startup s. vs baseline: over the best machine alone (
 samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
 compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
 gradients or weights (update: the part of comm a parameter server spends in its optimizer step),
-and of the fastest worker idling for the slowest. sync overhead = step time - slowest compute;
+and of the fastest worker idling for the slowest. sync overhead = step time - slowest compute
+(ray-ps-async, with no barrier: a worker's own wait for fresh weights after each batch);
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
 speeds measured alone, then once more by those of the warm-up steps, where the workers share the
 machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
