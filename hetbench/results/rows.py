@@ -3,7 +3,6 @@ scaling efficiency against the workers timed alone."""
 
 from __future__ import annotations
 
-import logging
 import statistics
 
 import torch
@@ -19,8 +18,6 @@ from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.registry import BASELINE
 from hetbench.workload import Net
-
-log = logging.getLogger(__name__)
 
 
 def base_row(name: str, cfg: Config, env: dict) -> dict:
