@@ -118,7 +118,7 @@ def floor_ranks(cfg: Config) -> list[int]:
 def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
     """The gloo-floor's and the ps-floor's figures (median and CV of one all-reduce, of one round
     trip, of `numel` float32s) between the two workers' nodes, from the same two processes. A
-    ps-floor that cannot connect (the reference's machine must let the other in on 6386 in a joined
+    ps-floor that cannot connect (the driver's machine must let the other in on 6386 in a joined
     cluster, README: Ports) is a failed ps-floor: the gloo-floor's figures stand."""
     iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
     ends = place(cfg, FloorEnd, FLOOR_NAME, ranks=floor_ranks(cfg))
@@ -128,7 +128,7 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
         args = (master, port, numel, iterations, timeout_s)
         measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
         try:
-            roundtrips, failure = measure_roundtrips(ends, cfg, master, numel), None
+            roundtrips, failure = measure_roundtrips(ends, cfg, numel), None
         except RunFailed as e:
             roundtrips, failure = None, {"status": "failed", "reason": str(e)}
     finally:
@@ -152,12 +152,16 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
     return gloo, {**ps, **common}
 
 
-def measure_roundtrips(ends, cfg: Config, host: str, numel: int) -> list[float]:
-    """The ps-floor: end 0 listens where a parameter server would and echoes; end 1 times round trips."""
+def measure_roundtrips(ends, cfg: Config, numel: int) -> list[float]:
+    """The ps-floor: the end on the driver's node listens where a parameter server would (ray-ps's
+    runs there; a joined cluster opens 6386 there only) and echoes; the other times round trips.
+    Where neither end is on the driver's node, end 0 listens."""
     iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
-    listening = ends.call(0, "listen", host, direct_port(bool(cfg.cluster.ray_address)), timeout_s)
+    server = next((rank for rank in (0, 1) if ends.on_driver_host(rank)), 0)
+    host = ends.info[server]["node_ip"]
+    listening = ends.call(server, "listen", host, direct_port(bool(cfg.cluster.ray_address)), timeout_s)
     ((address, secret),) = ends.results([listening], "listening for the ps-floor")
-    echoed = ends.call(0, "echo", WARMUP + iterations)
-    timed = ends.call(1, "roundtrip_times", address, secret, numel, iterations, timeout_s)
+    echoed = ends.call(server, "echo", WARMUP + iterations)
+    timed = ends.call(1 - server, "roundtrip_times", address, secret, numel, iterations, timeout_s)
     _, roundtrips = ends.results([echoed, timed], "measuring the ps-floor")
     return roundtrips
