@@ -122,7 +122,8 @@ def main() -> None:
     numel = count_parameters(build_model(cfg.run.dropout, cfg.run.seed))
     cached_mnist(cfg.run)  # load (and announce) the data once, before any clock runs
     rounds = [server_round(cfg, args.steps + 5, 5) for _ in range(args.rounds)]
-    floor = measure_floor(cfg, numel)[0]["allreduce_s"]  # two local processes, as the workers here
+    # two local processes, as the workers here
+    floor = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, numel)[0]["allreduce_s"]
     steps, overheads, updates = (median([median([t[i] for t in r]) for r in rounds]) for i in range(3))
     per_round = [median([t[1] for t in r]) for r in rounds]
     env = environment()

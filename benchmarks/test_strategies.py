@@ -117,9 +117,9 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     cluster_cfg, _, _ = clusters(scenario_config(m, link, n_workers), key)
     benchmark.extra_info.update(strategy=strategy_name, balance=balance, link=link or "loopback", workers=n_workers)
     if strategy_name == FLOOR_NAME:
-        floors = []
+        floors, c = [], cluster_cfg
         benchmark.pedantic(
-            lambda: floors.extend(measure_floor(cluster_cfg, count_parameters(Net()))),
+            lambda: floors.extend(measure_floor(c.floor, c.cluster, c.workers, c.link, count_parameters(Net()))),
             rounds=1,
             iterations=1,
         )

@@ -131,7 +131,7 @@ PATHS = {"object store": object_store, "rdt-gloo": rdt_gloo, "direct tcp": direc
 def measure(cfg, iterations: int) -> dict:
     """Each path's round trips between fresh actors on the floor's two nodes, then the floors."""
     numel = count_parameters(Net())
-    far = cfg.workers[floor_ranks(cfg)[1]]
+    far = cfg.workers[floor_ranks(cfg.workers)[1]]
     figures = {}
     for name, path in PATHS.items():
         server = Server.options(**on_driver_node()).remote(numel)
@@ -145,7 +145,8 @@ def measure(cfg, iterations: int) -> dict:
         finally:
             for actor in (worker, server):
                 ray.kill(actor)
-    gloo, ps = measure_floor(replace(cfg, floor=replace(cfg.floor, iterations=iterations)), numel)
+    floor = replace(cfg.floor, iterations=iterations)
+    gloo, ps = measure_floor(floor, cfg.cluster, cfg.workers, cfg.link, numel)
     figures["ps-floor (no Ray call)"] = {"roundtrip_s": ps.get("roundtrip_s"), "roundtrip_cv": ps.get("roundtrip_cv")}
     figures["gloo-floor (one all-reduce)"] = {"roundtrip_s": gloo["allreduce_s"], "roundtrip_cv": gloo["allreduce_cv"]}
     figures["path"] = gloo["path"]

@@ -53,8 +53,8 @@ def main() -> None:
         cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, _cluster),
         ray_kept_for_the_run(),
     ):
-        cluster_cfg = wait_for_workers(replace(cfg, cluster=joined))
-        connection = connect(cluster_cfg)
+        cluster_cfg = replace(cfg, cluster=joined, workers=wait_for_workers(joined, cfg.workers))
+        connection = connect(cluster_cfg.cluster, cluster_cfg.workers)
         try:
             figures = measure(cluster_cfg, args.iterations)
         finally:

@@ -22,7 +22,7 @@ from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
 from hetbench.cluster.nodes import direct_port
 from hetbench.cluster.place import place
-from hetbench.config import Config
+from hetbench.config import ClusterConfig, FloorConfig, LinkConfig, WorkerConfig
 from hetbench.errors import RunFailed
 from hetbench.transport.direct import Channel, Listener, hello
 
@@ -58,8 +58,8 @@ class FloorEnd:
 
     listener: Listener | None = None  # the ps-floor's server end, between listen and echo
 
-    def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
-        spec = cfg.workers[rank]
+    def setup(self, workers: tuple[WorkerConfig, ...], rank: int, threads_share: int) -> dict:
+        spec = workers[rank]
         return {"name": spec.name, "node": spec.node, "host": socket.gethostname()}
 
     def free_port(self, host: str) -> int:
@@ -107,28 +107,29 @@ class FloorEnd:
             channel.close()
 
 
-def floor_ranks(cfg: Config) -> list[int]:
+def floor_ranks(workers: tuple[WorkerConfig, ...]) -> list[int]:
     """The two workers whose nodes the floor runs between: the first, and the first on another node
     (else the second; a lone worker's node twice)."""
-    workers = cfg.workers
     other = [r for r, w in enumerate(workers) if w.node != workers[0].node]
     return [0, (other or [min(1, len(workers) - 1)])[0]]
 
 
-def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
+def measure_floor(
+    floor: FloorConfig, cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], link: LinkConfig, numel: int
+) -> tuple[dict, dict]:
     """The gloo-floor's and the ps-floor's figures (median and CV of one all-reduce, of one round
     trip, of `numel` float32s) between the two workers' nodes, from the same two processes. A
     ps-floor that cannot connect (the driver's machine must let the other in on 6386 in a joined
     cluster, README: Ports) is a failed ps-floor: the gloo-floor's figures stand."""
-    iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
-    ends = place(cfg, FloorEnd, FLOOR_NAME, ranks=floor_ranks(cfg))
+    iterations, timeout_s = floor.iterations, floor.timeout_s
+    ends = place(cluster, workers, FloorEnd, FLOOR_NAME, workers, ranks=floor_ranks(workers))
     try:
         master = ends.info[0]["node_ip"]
         (port,) = ends.results([ends.call(0, "free_port", master)], "choosing a port")
         args = (master, port, numel, iterations, timeout_s)
         measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
         try:
-            roundtrips, failure = measure_roundtrips(ends, cfg, numel), None
+            roundtrips, failure = measure_roundtrips(ends, floor, bool(cluster.ray_address), numel), None
         except RunFailed as e:
             roundtrips, failure = None, {"status": "failed", "reason": str(e)}
     finally:
@@ -145,21 +146,21 @@ def measure_floor(cfg: Config, numel: int) -> tuple[dict, dict]:
             "ips": [i["node_ip"] for i in ends.info],
             "interfaces": [m["interface"] for m in measured],
         },
-        "link": {key: value for key, value in asdict(cfg.link).items() if value} or None,
+        "link": {key: value for key, value in asdict(link).items() if value} or None,
     }
     gloo = {"allreduce_s": median(per_iteration), "allreduce_cv": cv(per_iteration), **common}
     ps = failure or {"roundtrip_s": median(roundtrips), "roundtrip_cv": cv(roundtrips)}
     return gloo, {**ps, **common}
 
 
-def measure_roundtrips(ends, cfg: Config, numel: int) -> list[float]:
+def measure_roundtrips(ends, floor: FloorConfig, joined: bool, numel: int) -> list[float]:
     """The ps-floor: the end on the driver's node listens where a parameter server would (ray-ps's
     runs there; a joined cluster opens 6386 there only) and echoes; the other times round trips.
-    Where neither end is on the driver's node, end 0 listens."""
-    iterations, timeout_s = cfg.floor.iterations, cfg.floor.timeout_s
+    Where neither end is on the driver's node, end 0 listens. `joined`: a Ray cluster someone started."""
+    iterations, timeout_s = floor.iterations, floor.timeout_s
     server = next((rank for rank in (0, 1) if ends.on_driver_host(rank)), 0)
     host = ends.info[server]["node_ip"]
-    listening = ends.call(server, "listen", host, direct_port(bool(cfg.cluster.ray_address)), timeout_s)
+    listening = ends.call(server, "listen", host, direct_port(joined), timeout_s)
     ((address, secret),) = ends.results([listening], "listening for the ps-floor")
     echoed = ends.call(server, "echo", WARMUP + iterations)
     timed = ends.call(1 - server, "roundtrip_times", address, secret, numel, iterations, timeout_s)

@@ -108,8 +108,8 @@ def open_ray(cfg: Config) -> float | None:
     if not (cfg.floor.enabled or wants_standalone(cfg) or any(via(n) == "ray" for n in cfg.run.strategies)):
         return None
     started = now()
-    connect(cfg)
-    place(cfg, Replica, "starting the run's processes", coordinator=ParameterServer).close()
+    connect(cfg.cluster, cfg.workers)
+    place(cfg.cluster, cfg.workers, Replica, "starting the run's processes", cfg, coordinator=ParameterServer).close()
     return now() - started
 
 
@@ -126,7 +126,7 @@ def run_floors(cfg: Config, env: dict) -> list[dict]:
     processes failed, the ps-floor alone where it could not connect (measure_floor says so)."""
     base = {"config": redacted(cfg.as_dict()), "env": env, "workers": []}
     try:
-        figures = measure_floor(cfg, count_parameters(Net()))
+        figures = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
     except RunFailed as e:
         return [{"strategy": name, **base, "status": "failed", "reason": str(e)} for name in FLOORS]
     return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]
@@ -145,19 +145,19 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     out = RunOutput(cfg.run, resumed)
     failed: list[str] = []  # the reasons of the rows that failed; the run went on past each
     try:
-        out.save_run(cfg, standalone)
+        out.save_run(cfg.as_dict(), standalone)
         with (
             cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, cluster_startup_s, cluster),
             ray_kept_for_the_run(),
         ):
             if cluster_startup_s is not None:
                 log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
-            cluster_cfg = wait_for_workers(replace(cfg, cluster=joined))
+            cluster_cfg = replace(cfg, cluster=joined, workers=wait_for_workers(joined, cfg.workers))
             ray_startup_s = open_ray(cluster_cfg)
             brackets = Brackets(cluster_cfg, wants_standalone(cluster_cfg))
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
                 standalone = speeds(measure_standalone(cluster_cfg))
-                out.save_run(cfg, standalone)
+                out.save_run(cfg.as_dict(), standalone)
             rows = planned(cluster_cfg)
             for n, scenario in enumerate(rows, 1):
                 row_cfg, reference = scenario.config(cluster_cfg, standalone)

@@ -23,7 +23,7 @@ def measure_standalone(cfg: Config, order: list[int] | None = None) -> dict[str,
     """Worker name -> its samples/s training alone, one figure per timing: by default two each, in
     the order A B .. B A, so drift on a shared machine hits every worker alike; else in `order`."""
     ranks = list(range(len(cfg.workers)))
-    workers = place(cfg, Replica, "standalone")
+    workers = place(cfg.cluster, cfg.workers, Replica, "standalone", cfg)
     try:
         timed: dict[str, list[float]] = {w.name: [] for w in cfg.workers}
         for rank in order or ranks + ranks[::-1]:

@@ -39,7 +39,9 @@ class ParameterServerDriver(Strategy, HandsOff):
     def start(self) -> None:
         self.batches = [w.batch for w in self.cfg.workers]
         self.shares = batch_shares(self.batches)  # the sample-weighted rule, as weights
-        self.placed = place(self.cfg, self.replica, self.name, self.via, coordinator=self.server)
+        self.placed = place(
+            self.cfg.cluster, self.cfg.workers, self.replica, self.name, self.cfg, self.via, coordinator=self.server
+        )
         self.placed.on_death = self._give_up_hand_offs  # what waits in shared memory must stop first
         self.info = list(self.placed.info)
         self._share_host_memory()

@@ -86,7 +86,7 @@ def train_loop(config: dict) -> None:
     dist.all_gather_object(labels_by_rank, node_labels())
     index = assign_ranks(cfg.workers, [set(labels) for labels in labels_by_rank])[world_rank]
     rank = DDPRank()  # this rank's worker: device resolved here, on its own node; the group is Ray Train's
-    info = rank.setup(cfg, index, workers_per_host(cfg, cfg.workers[index], joined))
+    info = rank.setup(cfg, index, workers_per_host(cfg.cluster, cfg.workers, cfg.workers[index], joined))
     here = {"rank": world_rank, "node_id": ray.get_runtime_context().get_node_id()}
     collector.record.remote(
         ("ready",), world_rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")}
@@ -162,7 +162,7 @@ class RayTrainGloo(Strategy):
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers = self.cfg.workers
-        self.cluster = connect(self.cfg)
+        self.cluster = connect(self.cfg.cluster, self.cfg.workers)
         self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
         joined = bool(self.cfg.cluster.ray_address)

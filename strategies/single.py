@@ -62,7 +62,7 @@ class Single(Strategy):
     resumable = True
 
     def start(self) -> None:
-        self.placed = place(self.cfg, OneDevice, self.name, ranks=[0])
+        self.placed = place(self.cfg.cluster, self.cfg.workers, OneDevice, self.name, self.cfg, ranks=[0])
         self.info = self.placed.info
 
     def reset(self, seed: int) -> None:

@@ -150,7 +150,7 @@ class TorchDDP(Strategy):
 
     def start(self) -> None:
         # (0) one process per worker on its labelled node, then DDP's gloo group between them
-        self.placed = place(self.cfg, DDPRank, self.name)
+        self.placed = place(self.cfg.cluster, self.cfg.workers, DDPRank, self.name, self.cfg)
         self.info = self.placed.info
         self._set_split([info["batch"] for info in self.info])
         master = self.info[0]["node_ip"]

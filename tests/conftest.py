@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -136,7 +136,7 @@ def _shared_cluster(_session_data):
         shared = SharedCluster(joins, address, scheduler, keeper)
         try:
             with ray_kept_for_the_run(keeper):
-                keeper.connect(replace(cfg, cluster=joined), {"desktop", "mac"})
+                keeper.connect(joined, {"desktop", "mac"})
                 labelled = [(label, node["NodeID"]) for node in ray.nodes() for label in node["Resources"]]
                 shared.node_ids = {label: node for label, node in labelled if label in ("desktop", "mac")}
                 shared.node_ip = next(n["NodeManagerAddress"] for n in ray.nodes() if "desktop" in n["Resources"])

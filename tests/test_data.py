@@ -192,6 +192,6 @@ def test_placed_workers_are_refused_when_their_data_differs(tmp_path):
         coordinator_call = succeeded = on_driver_host = kill = close = None
 
     with pytest.raises(UserError, match="desk has desk's copy .* but mac has mac's copy"):
-        InProcess(cfg, "test").setup()
+        InProcess(cfg.cluster, cfg.workers, "test").setup(cfg)
     digests[1] = digests[0]
-    assert [w["name"] for w in InProcess(cfg, "test").setup()] == ["desk", "mac"]
+    assert [w["name"] for w in InProcess(cfg.cluster, cfg.workers, "test").setup(cfg)] == ["desk", "mac"]

@@ -77,3 +77,21 @@ def test_no_module_imports_itself_back_in_a_circle():
         return False
 
     assert sorted(m for m in edges if reaches(m, m, set())) == []
+
+
+# The rooms that take a whole Config: where it is loaded, planned into rows, and run as a row (a
+# strategy, its workers' roles, a worker timed alone with a row's role). Every other one takes the
+# sections it needs (the cluster its ClusterConfig and the workers, the data and the loop the
+# RunConfig, the floor its FloorConfig) or the config as records keep it (a dict).
+TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios", "strategies", "standalone", "results.rows"}
+
+
+def test_only_the_rooms_that_run_a_row_take_the_whole_config():
+    takers = set()
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.module == "hetbench.config":
+                if "Config" in {alias.name for alias in node.names}:
+                    takers.add(name.removeprefix("hetbench."))
+    room = {m: next((r for r in TAKE_THE_WHOLE_CONFIG if m == r or m.startswith(r + ".")), None) for m in takers}
+    assert sorted(m for m, r in room.items() if r is None) == []

@@ -8,7 +8,6 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -171,7 +170,7 @@ def test_the_floors_cross_the_emulated_link_between_the_worker_nodes_and_it_is_r
     )
     with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster):
         link = cluster.links["mac"]
-        figures, ps = measure_floor(replace(cfg, cluster=joined), 250_000)  # 1 MB each way per all-reduce
+        figures, ps = measure_floor(cfg.floor, joined, cfg.workers, cfg.link, 250_000)  # 1 MB each way per all-reduce
     # 1 MB over a 20 Mbit/s link cannot take less than 0.4 s: the shaping is there, on the workers' path;
     # the ps-floor sends it up, then back down: 0.8 s
     assert figures["allreduce_s"] > 0.3 and figures["link"] == {"rate": "20mbit"}
@@ -301,7 +300,6 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 
 TWO_CLUSTERS = """
 import sys
-from dataclasses import replace
 from pathlib import Path
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.ray_connection import RayConnection
@@ -312,7 +310,7 @@ for _ in range(2):  # a new cluster each time, as for each of the benchmark suit
     cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false",
                        "cluster.connect_timeout_s=90")
     with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, *_):
-        connection = RayConnection(replace(cfg, cluster=joined), {"desktop", "mac"})
+        connection = RayConnection(joined, {"desktop", "mac"})
         try:
             print(joined.ray_address, sorted(k for k in connection.ray.cluster_resources()
                                                            if k in ("desktop", "mac")))

@@ -19,7 +19,8 @@ class Silent:
 
 
 def dask_placed(tmp_path, alive: bool) -> DaskPlaced:
-    placed = DaskPlaced(small_config(tmp_path, UNEQUAL, "cluster.step_timeout_s=0.3"), "dask-sync")
+    cfg = small_config(tmp_path, UNEQUAL, "cluster.step_timeout_s=0.3")
+    placed = DaskPlaced(cfg.cluster, cfg.workers, "dask-sync")
     placed.addresses = ["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"]
     placed.alive = lambda address: alive
     return placed
@@ -50,7 +51,8 @@ def test_a_ray_worker_that_died_is_named(tmp_path, monkeypatch):
         raise ray.exceptions.RayActorError()
 
     monkeypatch.setattr(ray_placed.ray, "get", died)
-    placed = ray_placed.RayPlaced(small_config(tmp_path, UNEQUAL), "torch-ddp")
+    cfg = small_config(tmp_path, UNEQUAL)
+    placed = ray_placed.RayPlaced(cfg.cluster, cfg.workers, "torch-ddp")
     placed._dead_ranks = lambda: [1]
     with pytest.raises(RunFailed, match="^torch-ddp: worker 'small' died while stepping$"):
         placed.results(["handle"], "stepping")

@@ -97,12 +97,12 @@ def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tm
     )
     started = time.monotonic()
     with pytest.raises(UserError, match=r"'ipad' \(Ray node\) did not join within 3 s: start deploy/mac/worker.sh"):
-        wait_for_workers(cfg)
+        wait_for_workers(cfg.cluster, cfg.workers)
     assert 3 <= time.monotonic() - started < 30 and not ray.is_initialized()
     assert "waiting for 'ipad' (Ray node) to join" in caplog.text
     cfg = replace(cfg, cluster=replace(cfg.cluster, allow_missing=True))
-    kept = wait_for_workers(cfg)
-    assert [(w.name, w.batch) for w in kept.workers] == [("d", 48)]  # the global batch is kept
+    kept = wait_for_workers(cfg.cluster, cfg.workers)
+    assert [(w.name, w.batch) for w in kept] == [("d", 48)]  # the global batch is kept
     assert len(cfg.workers) == 2  # the configured run is left as it was
 
 

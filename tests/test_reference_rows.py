@@ -47,9 +47,9 @@ def test_the_reference_worker_is_the_fastest_alone_and_the_floor_crosses_to_anot
     assert reference == {"worker": "b", "chosen_by": "fastest alone in this run"}
     assert [w.name for w in cfg.workers] == ["a", "b", "c", "d"]  # the run's config is left as it was
     assert reference_first(cfg, None)[1] == {"worker": "a", "chosen_by": "first configured worker"}
-    assert floor_ranks(cfg) == [0, 2]  # desktop <-> mac, not two desktop workers
-    assert floor_ranks(small_config(tmp_path, "workers=[{name: a}, {name: b}]")) == [0, 1]
-    assert floor_ranks(small_config(tmp_path, "workers=[{name: a}]")) == [0, 0]
+    assert floor_ranks(cfg.workers) == [0, 2]  # desktop <-> mac, not two desktop workers
+    assert floor_ranks(small_config(tmp_path, "workers=[{name: a}, {name: b}]").workers) == [0, 1]
+    assert floor_ranks(small_config(tmp_path, "workers=[{name: a}]").workers) == [0, 0]
 
 
 def test_a_worker_has_its_hosts_cores_split_among_the_training_processes_there(tmp_path):
@@ -57,5 +57,9 @@ def test_a_worker_has_its_hosts_cores_split_among_the_training_processes_there(t
 
     cfg = small_config(tmp_path, "workers=[{name: a, node: desktop}, {name: b, node: desktop}, {name: c, node: mac}]")
     desk, _, mac = cfg.workers
-    assert [workers_per_host(cfg, w, joined_cluster=False) for w in (desk, mac)] == [3, 3]  # one box for all
-    assert [workers_per_host(cfg, w, joined_cluster=True) for w in (desk, mac)] == [2, 1]  # per labelled node
+
+    def per_host(joined: bool) -> list[int]:
+        return [workers_per_host(cfg.cluster, cfg.workers, w, joined_cluster=joined) for w in (desk, mac)]
+
+    assert per_host(joined=False) == [3, 3]  # one box for all
+    assert per_host(joined=True) == [2, 1]  # per labelled node

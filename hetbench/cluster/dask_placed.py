@@ -16,7 +16,7 @@ from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.multinode import placement_labels
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.placed import Placed
-from hetbench.config import Config
+from hetbench.config import ClusterConfig, WorkerConfig
 from hetbench.errors import RunFailed, UserError, WorkersLost, quiet_loggers
 
 LOSS_POLL_S = 0.5  # while a call is unanswered, how often the scheduler is asked whether its worker is gone
@@ -43,9 +43,11 @@ class Part:
 
 
 class DaskPlaced(Placed):
-    def __init__(self, cfg: Config, owner: str, ranks: list[int] | None = None) -> None:
-        super().__init__(cfg, owner, ranks)
-        self.joined = bool(cfg.cluster.dask_scheduler)
+    def __init__(
+        self, cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], owner: str, ranks: list[int] | None = None
+    ) -> None:
+        super().__init__(cluster, workers, owner, ranks)
+        self.joined = bool(cluster.dask_scheduler)
         self.client = None  # Dask's client, once started
         self.local = None  # the LocalCluster this started, where none was joined
         self.actors: list = []
@@ -56,7 +58,7 @@ class DaskPlaced(Placed):
         # tornado.application: Dask's sync wrapper, interrupted (Ctrl-C, SIGTERM) before its future
         # exists, logs its cancel callback's NameError as "Exception in callback" with a traceback
         quiet_loggers("distributed", "tornado.application")
-        cluster = self.cfg.cluster
+        cluster = self.cluster
         if self.joined:
             check_reachable(cluster.dask_scheduler, cluster.connect_timeout_s)
             self.client = Client(cluster.dask_scheduler, timeout=cluster.connect_timeout_s, direct_to_workers=True)
@@ -77,8 +79,8 @@ class DaskPlaced(Placed):
         )
         self.coordinator = coordinator() if coordinator else None
 
-    def setup(self) -> list[dict]:
-        for i, address in zip(super().setup(), self.addresses):
+    def setup(self, job) -> list[dict]:
+        for i, address in zip(super().setup(job), self.addresses):
             i["dask_worker"] = address
         return self.info
 
@@ -117,7 +119,7 @@ class DaskPlaced(Placed):
 
     def results(self, handles: list, doing: str, survivable: bool = False) -> list:
         values, lost, failure = [], [], None
-        timeout_s = self.cfg.cluster.step_timeout_s
+        timeout_s = self.cluster.step_timeout_s
         deadline = now() + timeout_s  # silent past it: cut off, asleep, gone
         for handle in handles:
             try:
@@ -185,7 +187,7 @@ class DaskPlaced(Placed):
         """The worker's address is this machine's (a worker behind an emulated link, in its own namespace,
         is not). In a one-box multi-node cluster only the head node's workers count as this host: the
         other nodes stand for other machines (as they do for Ray)."""
-        head = placement_labels(self.cfg.workers)[0] if self.cfg.cluster.mode == "local-multinode" else None
+        head = placement_labels(self.workers)[0] if self.cluster.mode == "local-multinode" else None
         return _bindable(self.addresses[rank]) and head in (None, self.specs[rank].node)
 
     def kill(self, rank: int) -> None:

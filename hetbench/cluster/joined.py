@@ -14,7 +14,7 @@ from hetbench.balance import split_batch
 from hetbench.cluster.addresses import check_reachable
 from hetbench.cluster.nodes import dask_workers
 from hetbench.cluster.ray_connection import connect
-from hetbench.config import Config
+from hetbench.config import ClusterConfig, WorkerConfig
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def _dask_labels(client) -> set[str]:
     return {label for w in dask_workers(client).values() for label in w.get("resources", {})}
 
 
-def _dask_client(cluster: dict):
+def _dask_client(cluster: ClusterConfig):
     from distributed import Client
 
     return Client(cluster.dask_scheduler, timeout=cluster.connect_timeout_s)
@@ -46,18 +46,17 @@ def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[st
     }
 
 
-def wait_for_workers(cfg: Config) -> dict:
-    """The config to run: unchanged once every label is there, or without the missing workers."""
-    cluster = cfg.cluster
+def wait_for_workers(cluster: ClusterConfig, workers: tuple[WorkerConfig, ...]) -> tuple[WorkerConfig, ...]:
+    """The workers to run: unchanged once every label is there, or without the missing ones."""
     for address in (cluster.ray_address, cluster.dask_scheduler):
         if address:
             check_reachable(address, cluster.connect_timeout_s)
-    wanted = {w.node for w in cfg.workers if w.node}
+    wanted = {w.node for w in workers if w.node}
     if not wanted or not (cluster.ray_address or cluster.dask_scheduler):
-        return cfg
+        return workers
     with contextlib.ExitStack() as stack:
         # inside a run, the run's connection: its rows join once
-        ray_conn = connect(cfg, labels=set()) if cluster.ray_address else None
+        ray_conn = connect(cluster, labels=set()) if cluster.ray_address else None
         if ray_conn is not None:
             stack.callback(ray_conn.release)
         dask_client = stack.enter_context(_dask_client(cluster)) if cluster.dask_scheduler else None
@@ -65,7 +64,7 @@ def wait_for_workers(cfg: Config) -> dict:
         while True:
             missing = missing_labels(wanted, ray_conn, dask_client)
             if not missing:
-                return cfg
+                return workers
             who = "; ".join(f"'{label}' ({', '.join(systems)})" for label, systems in missing.items())
             left = deadline - time.monotonic()
             if left <= 0:
@@ -79,10 +78,10 @@ def wait_for_workers(cfg: Config) -> dict:
             f"{who} did not join within {cluster.wait_for_workers_s:g} s: start "
             "deploy/mac/worker.sh on that machine, or set cluster.allow_missing to run without it"
         )
-    kept = [w for w in cfg.workers if w.node not in missing]
+    kept = [w for w in workers if w.node not in missing]
     if not kept:
         raise UserError(f"no worker's node joined within {cluster.wait_for_workers_s:g} s: {who}")
     log.info("running without %s (cluster.allow_missing)", who)
     # the global batch stays as configured, split as the kept workers' batches were
-    batches = split_batch(cfg.run.batch_size, [w.batch for w in kept])
-    return cfg.with_workers(replace(w, batch=b) for w, b in zip(kept, batches))
+    batches = split_batch(sum(w.batch for w in workers), [w.batch for w in kept])
+    return tuple(replace(w, batch=b) for w, b in zip(kept, batches))

@@ -1,11 +1,13 @@
 """The cluster seam: one process per configured worker, each on the node its placement label names.
 
-A strategy that computes on remote workers asks `place(cfg, role, via)` for them and then talks
-to them only through `Placed`: call a method of the role in one worker's process, wait for
-results (errors in one sentence), kill one, drop a lost one, close. The role is a plain class
-(strategies/roles.py): its `setup` runs first, in the worker's own process, on its own node, so
-the device is resolved where the math runs. A parameter server's coordinator can come along: it
-runs on the driver's node (a Ray actor there, or this very process under Dask).
+A strategy that computes on remote workers asks `place(cluster, workers, role, owner, job)` for
+them and then talks to them only through `Placed`: call a method of the role in one worker's
+process, wait for results (errors in one sentence), kill one, drop a lost one, close. The role is a
+plain class (strategies/roles.py): its `setup(job, rank, threads)` runs first, in the worker's own
+process, on its own node, so the device is resolved where the math runs. The seam reads the
+cluster's section and the workers, nothing else: the job is the role's (a row's config, the floor's
+workers), carried through unread. A parameter server's coordinator can come along: it runs on the
+driver's node (a Ray actor there, or this very process under Dask).
 
 Launchers: Ray actors (ray_placed.py) and Dask actors (dask_placed.py). A strategy outside both
 (plain torch.distributed, say) takes Ray's: its processes are placed like any worker's.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from hetbench.config import Config, WorkerConfig
+from hetbench.config import ClusterConfig, WorkerConfig
 from hetbench.data import check_same_data
 
 
@@ -25,22 +27,25 @@ class Placed(ABC):
     joined: bool = False  # the workers share a cluster someone else started (their cores too)
     coordinator_name = "the parameter server"
 
-    def __init__(self, cfg: Config, owner: str, ranks: list[int] | None = None) -> None:
-        self.cfg, self.owner = cfg, owner
+    def __init__(
+        self, cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], owner: str, ranks: list[int] | None = None
+    ) -> None:
+        self.cluster, self.workers, self.owner = cluster, workers, owner
         # which configured workers get a process (all by default; a reference row takes one or two)
-        self.ranks = list(range(len(cfg.workers))) if ranks is None else list(ranks)
-        self.specs = [cfg.workers[r] for r in self.ranks]
+        self.ranks = list(range(len(workers))) if ranks is None else list(ranks)
+        self.specs = [workers[r] for r in self.ranks]
         self.info: list[dict] = []
         self.on_death = None  # called first when a process died: whatever waits on it must stop
 
-    def setup(self) -> list[dict]:
-        """Every worker's role set up in its process: name, device as resolved there, node, batch, ...
+    def setup(self, job) -> list[dict]:
+        """Every worker's role set up in its process with `job` (whatever that role's setup takes):
+        name, device as resolved there, node, batch, ...
 
         Each gets the threads its worker has in the whole run, placed alone or not: a reference
         row measures a machine on the budget it brings to the distributed rows."""
-        threads = [workers_per_host(self.cfg, spec, self.joined) for spec in self.specs]
+        threads = [workers_per_host(self.cluster, self.workers, spec, self.joined) for spec in self.specs]
         self.info = self.results(
-            [self.call(i, "setup", self.cfg, rank, threads[i]) for i, rank in enumerate(self.ranks)], "setting up"
+            [self.call(i, "setup", job, rank, threads[i]) for i, rank in enumerate(self.ranks)], "setting up"
         )
         check_same_data(self.info)
         return self.info
@@ -83,12 +88,14 @@ class Placed(ABC):
         """Stop what this started; idempotent, on every exit path."""
 
 
-def workers_per_host(cfg: Config, worker: WorkerConfig, joined_cluster: bool) -> int:
+def workers_per_host(
+    cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], worker: WorkerConfig, joined_cluster: bool
+) -> int:
     """How many training processes share this worker's host (they split its cores).
 
     Locally all of them (local-multinode's nodes share one box too); in a joined cluster those
     placed on the same labelled node.
     """
-    if not joined_cluster or cfg.cluster.mode == "local-multinode":
-        return len(cfg.workers)
-    return sum(1 for w in cfg.workers if w.node == worker.node)
+    if not joined_cluster or cluster.mode == "local-multinode":
+        return len(workers)
+    return sum(1 for w in workers if w.node == worker.node)

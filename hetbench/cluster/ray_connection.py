@@ -14,7 +14,7 @@ import threading
 import time
 
 from hetbench.cluster.addresses import check_reachable
-from hetbench.config import Config
+from hetbench.config import ClusterConfig, WorkerConfig
 from hetbench.errors import UserError
 
 RAY_ENV = {
@@ -58,20 +58,20 @@ class KeptRay:
         self.connection: RayConnection | None = None
         self.address: str | None = None
 
-    def connect(self, cfg: Config, labels: set[str]) -> RayConnection:
+    def connect(self, cluster: ClusterConfig, labels: set[str]) -> RayConnection:
         """The kept connection, opened now if there is none, if it serves another address, if its Ray
         was shut down meanwhile, or if its private Ray lacks a label; a joined cluster's labels are
         waited for."""
-        address, kept = cfg.cluster.ray_address, self.connection
+        address, kept = cluster.ray_address, self.connection
         usable = kept is not None and not kept.closed and kept.ray.is_initialized() and self.address == address
         if usable and not address and not labels <= kept.labels:
             usable = False  # a private Ray has the labels it was started with
         if not usable:
             self.close()
-            self.connection, self.address = RayConnection(cfg, labels), address
+            self.connection, self.address = RayConnection(cluster, labels), address
             self.connection.kept = True
         elif address:
-            self.connection.wait_for_labels(labels, cfg.cluster.wait_for_workers_s)
+            self.connection.wait_for_labels(labels, cluster.wait_for_workers_s)
         return self.connection
 
     def close(self) -> None:
@@ -102,14 +102,16 @@ def ray_kept_for_the_run(keeper: KeptRay | None = None):
             kept.close()
 
 
-def connect(cfg: Config, labels: set[str] | None = None) -> RayConnection:
-    """A Ray connection with a node for each of `labels` (default: every configured worker's);
+def connect(
+    cluster: ClusterConfig, workers: tuple[WorkerConfig, ...] = (), labels: set[str] | None = None
+) -> RayConnection:
+    """A Ray connection with a node for each of `labels` (default: each of `workers`' labels);
     `release()` it when done. Inside a run, the run's (see KeptRay.connect); outside one, a fresh one."""
     if labels is None:
-        labels = {w.node for w in cfg.workers if w.node}
+        labels = {w.node for w in workers if w.node}
     if _kept is None:
-        return RayConnection(cfg, labels)
-    return _kept.connect(cfg, labels)
+        return RayConnection(cluster, labels)
+    return _kept.connect(cluster, labels)
 
 
 class RayConnection:
@@ -119,7 +121,7 @@ class RayConnection:
     kept = False  # the run's: release() leaves it up for the next user
     closed = False
 
-    def __init__(self, cfg: Config, labels: set[str]) -> None:
+    def __init__(self, cluster: ClusterConfig, labels: set[str]) -> None:
         use_ray_defaults()  # before Ray reads them, in a process that came in through none of the others
         import ray
 
@@ -130,7 +132,6 @@ class RayConnection:
         self.hosts = HostPool()  # the worker processes rows hand on to each other (kept connections)
         self.saved_env = {k: os.environ.get(k) for k in (*RAY_ENV, "RAY_ADDRESS")}
         os.environ.update(RAY_ENV)
-        cluster = cfg.cluster
         quiet = {
             "include_dashboard": False,
             "logging_level": logging.ERROR,

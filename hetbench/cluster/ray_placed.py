@@ -7,7 +7,7 @@ import ray
 
 from hetbench.cluster.placed import Placed
 from hetbench.cluster.ray_connection import connect, on_driver_node, placement
-from hetbench.config import Config
+from hetbench.config import ClusterConfig, WorkerConfig
 from hetbench.errors import RunFailed, UserError, WorkersLost
 
 
@@ -19,16 +19,18 @@ DRIVER_NODE = "the driver's node"  # where a coordinator's host runs, as the poo
 
 
 class RayPlaced(Placed):
-    def __init__(self, cfg: Config, owner: str, ranks: list[int] | None = None) -> None:
-        super().__init__(cfg, owner, ranks)
-        self.timeout_s = cfg.cluster.step_timeout_s
-        self.joined = bool(cfg.cluster.ray_address)
+    def __init__(
+        self, cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], owner: str, ranks: list[int] | None = None
+    ) -> None:
+        super().__init__(cluster, workers, owner, ranks)
+        self.timeout_s = cluster.step_timeout_s
+        self.joined = bool(cluster.ray_address)
         self.connection = None  # Ray, joined or started (ray_connection.connect), once started
         self.actors: list = []  # the workers' host actors, in rank order
         self.coordinator = None  # the parameter server's host actor, on the driver's node
 
     def start(self, role: type, coordinator: type | None) -> None:
-        self.connection = connect(self.cfg)
+        self.connection = connect(self.cluster, self.workers)
         self.driver_node = ray.get_runtime_context().get_node_id()
         pool = self.connection.hosts
         self.coordinator = pool.take(DRIVER_NODE, on_driver_node()) if coordinator else None
@@ -37,8 +39,8 @@ class RayPlaced(Placed):
         roles = [(a, role) for a in self.actors] + ([(self.coordinator, coordinator)] if coordinator else [])
         self.results([host.become.remote(r) for host, r in roles], "starting")
 
-    def setup(self) -> list[dict]:
-        info = super().setup()
+    def setup(self, job) -> list[dict]:
+        info = super().setup(job)
         nodes = self.results([a.__ray_call__.remote(_node) for a in self.actors], "setting up")
         for i, node in zip(info, nodes):
             i.update(node)

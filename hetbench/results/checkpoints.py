@@ -16,7 +16,6 @@ from pathlib import Path
 
 import torch
 
-from hetbench.config import Config
 from hetbench.errors import UserError
 from hetbench.inputs import read_text
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
@@ -27,12 +26,13 @@ class RunCheckpoints:
     def __init__(self, results_dir: str, run: str) -> None:
         self.dir = Path(results_dir) / "checkpoints" / run
 
-    def save_run(self, cfg: Config, standalone: dict | None) -> None:
+    def save_run(self, config: dict, standalone: dict | None) -> None:
+        """The run's config as kept (Config.as_dict) and the speeds `auto` split by, for --resume."""
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise UserError(f"checkpoint directory {self.dir} is not writable: {e.strerror}") from None
-        saved = {"config": redacted(cfg.as_dict()), "standalone": standalone}
+        saved = {"config": redacted(config), "standalone": standalone}
         atomic_write(self.dir / "run.json", json.dumps(saved, indent=2))
 
     def load_run(self) -> tuple[dict, dict | None]:

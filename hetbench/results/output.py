@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hetbench.config import Config, RunConfig
+from hetbench.config import RunConfig
 from hetbench.results.checkpoints import RunCheckpoints
 from hetbench.results.records import RecordFile
 from hetbench.results.report import write_tables
@@ -28,10 +28,10 @@ class RunOutput:
         if self.checkpoints and key:
             self.checkpoints.remove(key)
 
-    def save_run(self, cfg: Config, standalone: dict | None) -> None:
+    def save_run(self, config: dict, standalone: dict | None) -> None:
         """The config (and the speeds `auto` split by) a resumed run goes on with; only with checkpoints."""
         if self.checkpoints:
-            self.checkpoints.save_run(cfg, standalone)
+            self.checkpoints.save_run(config, standalone)
 
     def close(self) -> None:
         """Tables and plots of what was recorded; a run refused before any record leaves no file."""
