@@ -35,15 +35,16 @@ log = logging.getLogger(__name__)
 def run_strategy(
     scenario: Scenario,
     cfg: Config,
+    base: dict,
     evaluate: Evaluator,
-    env: dict,
     standalone: dict | None = None,
     checkpoints: RunCheckpoints | None = None,
     cluster=None,
     label: str | None = None,
 ) -> dict:
-    """One row: the strategy started (its startup timed apart), its repeats, closed; its record."""
-    name, base = scenario.strategy, base_row(scenario.strategy, cfg, env)
+    """One row: the strategy started (its startup timed apart), its repeats, closed; its record,
+    which starts as `base` (results/rows.py)."""
+    name = scenario.strategy
     try:
         cls = registry.load(name)
     except ImportError as e:
@@ -167,10 +168,13 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 log.debug("running %s", scenario.label)
                 where = f"[{n}/{len(rows)}] {scenario.label}"  # the progress line's
                 judged = brackets.before(scenario.strategy != registry.BASELINE)  # its workers timed alone first
+                base = base_row(scenario.strategy, row_cfg.as_dict(), scenario.fields(row_cfg), env)
                 try:
-                    record = run_strategy(scenario, row_cfg, evaluate, env, standalone, out.checkpoints, cluster, where)
+                    record = run_strategy(
+                        scenario, row_cfg, base, evaluate, standalone, out.checkpoints, cluster, where
+                    )
                 except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
-                    out.add(failed_row(scenario.strategy, row_cfg, env, str(e)))
+                    out.add(failed_row(base, str(e)))
                     failed.append(str(e))
                     log.warning("%s failed: %s; going on with the next row", scenario.label, e)
                     continue

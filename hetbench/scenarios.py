@@ -38,6 +38,13 @@ class Scenario:
             return reference_first(cfg, standalone)
         return balanced(cfg, self.balance, standalone), None
 
+    def fields(self, cfg: Config) -> dict:
+        """What tells its record apart, from the row's config: the batch split (the baseline: the whole
+        batch on one device)."""
+        if self.strategy == BASELINE:
+            return {"balance": None, "split": [cfg.run.batch_size]}
+        return {"balance": cfg.run.balance[0], "split": [w.batch for w in cfg.workers]}
+
 
 def balanced(cfg: Config, balance: str, measured: dict[str, float] | None = None) -> Config:
     """The config of one balance scenario: every worker's batch set, the global batch unchanged.
@@ -64,13 +71,6 @@ def planned(cfg: Config) -> list[Scenario]:
         for name in cfg.run.strategies
         for balance in ([None] if name == BASELINE else cfg.run.balance)
     ]
-
-
-def row_fields(name: str, cfg: Config) -> dict:
-    """What distinguishes a row in its record: the batch split (baseline: the whole batch on one device)."""
-    if name == BASELINE:
-        return {"balance": None, "split": [cfg.run.batch_size]}
-    return {"balance": cfg.run.balance[0], "split": [w.batch for w in cfg.workers]}
 
 
 def reference_first(cfg: Config, standalone: dict | None) -> tuple[dict, dict]:

@@ -83,7 +83,7 @@ def test_no_module_imports_itself_back_in_a_circle():
 # strategy, its workers' roles, a worker timed alone with a row's role). Every other one takes the
 # sections it needs (the cluster its ClusterConfig and the workers, the data and the loop the
 # RunConfig, the floor its FloorConfig) or the config as records keep it (a dict).
-TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios", "strategies", "standalone", "results.rows"}
+TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios", "strategies", "standalone"}
 
 
 def test_only_the_rooms_that_run_a_row_take_the_whole_config():

@@ -9,10 +9,8 @@ import torch
 
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
-from hetbench.config import Config
 from hetbench.gradients import WIRE_DTYPES, count_parameters
 from hetbench.results.records import redacted
-from hetbench.scenarios import row_fields
 from hetbench.standalone import speeds
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
@@ -20,13 +18,14 @@ from hetbench.strategies.registry import BASELINE
 from hetbench.workload import Net
 
 
-def base_row(name: str, cfg: Config, env: dict) -> dict:
-    """What every row's record starts with, whatever became of it."""
-    return {"strategy": name, "config": redacted(cfg.as_dict()), "env": env, **row_fields(name, cfg)}
+def base_row(name: str, config: dict, fields: dict, env: dict) -> dict:
+    """What every row's record starts with, whatever became of it: the row's config as records keep it
+    (Config.as_dict), and `fields`, what tells the row apart (Scenario.fields)."""
+    return {"strategy": name, "config": redacted(config), "env": env, **fields}
 
 
-def failed_row(name: str, cfg: Config, env: dict, reason: str) -> dict:
-    return {**base_row(name, cfg, env), "status": "failed", "reason": reason, "workers": []}
+def failed_row(base: dict, reason: str) -> dict:
+    return {**base, "status": "failed", "reason": reason, "workers": []}
 
 
 def strategy_row(
@@ -34,13 +33,13 @@ def strategy_row(
 ) -> dict:
     """The record of a row whose repeats finished: `workers` as the strategy reported them before it
     closed (its attributes are still read)."""
-    cfg = strategy.cfg
+    target = base["config"]["target_accuracy"]
     timed = [t for r in repeats for t in r["timed"]]
     worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
-    steps = [steps_to_target(r["curve"], cfg.run.target_accuracy) for r in evaluated]
-    brackets = [target_bracket_s(r["curve"], cfg.run.target_accuracy) for r in evaluated]
+    steps = [steps_to_target(r["curve"], target) for r in evaluated]
+    brackets = [target_bracket_s(r["curve"], target) for r in evaluated]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     return {
@@ -67,7 +66,7 @@ def strategy_row(
         "steps_to_target": median(steps) if None not in steps else None,
         "repeat_steps_to_target": steps,
         "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
-        "target_accuracy": cfg.run.target_accuracy,
+        "target_accuracy": target,
         "startup_s": startup_s,
         "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
         "step": step_summary(timed, strategy.exchange_every),
