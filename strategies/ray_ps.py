@@ -34,6 +34,7 @@ class RayPsOptions:
 class RayReplica(Replica):
     channel: Channel | None = None  # my own connection to the server, when I am off its node
     version = -1  # the version of the weights I last took from it
+    held = None  # those weights
 
     def connect(self, address: tuple[str, int], greeting: bytes) -> bool:
         self.channel = Channel.connect(tuple(address), greeting, self.cfg.cluster.step_timeout_s)
@@ -50,13 +51,18 @@ class RayReplica(Replica):
         grad, compute_s = super().compute(None if self.shared else self.weights_in(weights), step, ticket, after)
         return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
 
+    def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
+        # the weights fetched first: their way down is part of my wait for them, not of my compute
+        if not self.shared:
+            self.weights_in(weights)
+        return super().compute_after_idle(weights, step, ticket)
+
     def weights_in(self, weights: list):
-        """(2a) the weights named by [object store reference, version]: over my channel (already here
-        unless the step is redone), else from the object store."""
-        if self.channel is None:
-            return ray.get(weights[0])
+        """(2a) the weights named by [object store reference, version]: over my channel, else from the
+        object store (fetched once per version: a redone step, or a fetch ahead of the call, has them)."""
         if weights[1] != self.version:
-            self.held, self.version = self.channel.receive(weights[1]), weights[1]
+            self.held = self.channel.receive(weights[1]) if self.channel else ray.get(weights[0])
+            self.version = weights[1]
         return self.held
 
     def gradient_out(self, grad, ticket: int | None) -> Sent | ray.ObjectRef:
@@ -136,11 +142,10 @@ class RayParameterServer(ParameterServerDriver):
     replica, server = RayReplica, RayServer
     by_value = "object store"
     options = RayPsOptions
-    direct_channels = True  # the `transport` option above: False where a subclass has no such option
 
     @classmethod
     def check_options(cls, options: RayPsOptions) -> None:
-        if cls.direct_channels and options.transport not in TRANSPORTS:
+        if options.transport not in TRANSPORTS:
             raise UserError(f"config key '{cls.name}.transport' must be one of {', '.join(TRANSPORTS)}")
 
     def _lose(self, ranks: list[int], step: int) -> None:
@@ -150,7 +155,7 @@ class RayParameterServer(ParameterServerDriver):
         super()._lose(ranks, step)
 
     def _connect_direct(self, ranks: list[int]) -> set[int]:
-        if not ranks or not self.direct_channels or self.settings.transport != "direct":
+        if not ranks or self.settings.transport != "direct":
             return set()
         port = direct_port(bool(self.cfg.cluster.ray_address))
         listening = self._server("listen", port, self.cfg.cluster.step_timeout_s)

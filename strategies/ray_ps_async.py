@@ -4,6 +4,8 @@ Differs from ray-ps in (2)/(3): a finished worker's gradient is applied at once,
 batch share, and the worker restarts from the newest weights, unless it is more than
 `max_staleness` versions ahead of the slowest worker still computing: then it waits. A runner
 "step" is one global batch's worth of samples applied, from whichever workers delivered them.
+The weights go down a worker's direct channel only when it starts from them (ray-ps pushes every
+version to every worker, which here would send each worker versions it never uses).
 """
 
 from __future__ import annotations
@@ -17,17 +19,33 @@ from hetbench.clock import now
 from hetbench.config import Config, setting
 from hetbench.errors import RunFailed, WorkersLost
 from hetbench.step_timing import StepTiming
-from hetbench.strategies.ray_ps import RayParameterServer
+from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayServer
 
 
 @dataclass(frozen=True)
-class AsyncOptions:
+class AsyncOptions(RayPsOptions):
     max_staleness: int = setting(2, "a worker this many weights versions ahead of the slowest waits")
+
+
+class AsyncServer(RayServer):
+    newest = None  # the master weights as they leave (the live buffer in float32: copied when sent)
+
+    def _put(self, weights) -> list:
+        """New weights: into the object store where some worker reads them there; down no channel yet."""
+        self.version += 1
+        self.newest = weights
+        return [ray.put(weights) if self.object_store else None, self.version]
+
+    def send_to(self, name: str) -> list:
+        """The newest weights down `name`'s channel, for the batch it starts next: [None, version]."""
+        self.channels[name].post(self.version, self.newest.copy())
+        return [None, self.version]
 
 
 class RayParameterServerAsync(RayParameterServer):
     name = "ray-ps-async"
     options = AsyncOptions
+    server = AsyncServer
     table_note = (
         "ray-ps-async: no barrier, so its sync overhead is a worker's own wait for fresh weights after each "
         "batch (its gradient up, the update, the weights down), wait ms the time max_staleness held it "
@@ -37,8 +55,6 @@ class RayParameterServerAsync(RayParameterServer):
     uses_host_memory = False  # the server writes while other workers read: each needs its own copy
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
     resumable = False  # gradients in flight at a checkpoint would be lost: not built yet
-    # the object store only: a worker pulls just the version it starts from (channels push every version)
-    direct_channels = False
 
     def __init__(self, cfg: Config) -> None:
         super().__init__(cfg)
@@ -58,7 +74,10 @@ class RayParameterServerAsync(RayParameterServer):
 
     def _submit(self, rank: int, parked_s: float = 0.0) -> None:
         """Worker `rank`'s next batch, from the newest weights; `parked_s`: how long max_staleness held it."""
-        call = self.placed.call(rank, "compute_after_idle", self.newest, self.next_batch[rank], returns=2)
+        weights, ticket = self.newest, None
+        if self.direct[rank]:  # (2a) down its channel, tagged with their version; its gradient comes back up it
+            weights, ticket = self.placed.coordinator_call("send_to", self.info[rank]["name"]), self._next_ticket()
+        call = self.placed.call(rank, "compute_after_idle", weights, self.next_batch[rank], ticket, returns=2)
         self.next_batch[rank] += 1
         self.in_flight[call[0]] = (rank, self.version, call[1], self.batches[rank], parked_s)
 

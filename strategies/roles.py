@@ -91,13 +91,13 @@ class Replica:
             return self.slot, compute_s
         return to_wire(self.flat.grads, self.cfg.run.wire_dtype), compute_s
 
-    def compute_after_idle(self, weights, step: int) -> tuple:
+    def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
         """As `compute`, and the seconds since my previous one handed its gradient back: my gradient's
         way up, its update and the new weights' way down, all that kept me from computing (ray-ps-async's
         overhead); None for a repeat's first. One clock, this process's, at both ends."""
-        started = time.perf_counter()  # my weights have arrived: Ray resolved them before calling me
+        started = time.perf_counter()  # my weights have arrived (a launcher that fetches them does so first)
         idle_s = started - self.returned_at if self.returned_at is not None else None
-        gradient, compute_s = self.compute(weights, step)
+        gradient, compute_s = self.compute(weights, step, ticket)
         self.returned_at = time.perf_counter()
         return gradient, (compute_s, idle_s)
 

@@ -35,6 +35,7 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     assert [p["step"] for p in ps_async["accuracy_curve"]][:2] == [3, 6]
     # its overhead: the workers' own wait for fresh weights after each batch, never the step's leftover
     assert 0 < ps_async["step"]["sync_overhead_s"] < ps_async["step"]["total_s"]
+    assert [w["transport"] for w in ps_async["workers"]] == ["direct tcp"] * 2  # each worker's own channel
     assert floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
     assert floor["path"]["interfaces"] == [shared_cluster.interface] * 2  # each end's gloo, toward the other
     # the parameter server's floor: the same buffer up and back down between the same two processes
