@@ -25,6 +25,28 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run the slow tier (@pytest.mark.slow)")
 
 
+_terminated: list[int] = []  # the SIGTERM this session was sent, once it was
+
+
+def pytest_configure(config):
+    # SIGTERM (CI's `timeout`, a kill) ends the session as Ctrl-C does: through every fixture's
+    # teardown and helpers.stop_child. By default it ends the process at once, and clusters outlive it.
+    signal.signal(signal.SIGTERM, _interrupted)
+
+
+def _interrupted(signum, frame):
+    if _terminated:  # a second one (`timeout` passing on its own) must not cut the teardown short
+        return
+    _terminated.append(signum)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    # the KeyboardInterrupt can land where Python swallows it (a gc callback, a __del__): stop anyway
+    if _terminated:
+        raise KeyboardInterrupt(f"signal {_terminated[0]}")
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--runslow"):
         return

@@ -127,8 +127,26 @@ class CliResult:
 def hetbench(*args, env=None, timeout=120):
     """The console script a user types, in its own process (the `cli` fixture runs it in this one)."""
     env = {**os.environ, **(env or {})}
-    script = Path(sys.executable).with_name("hetbench")
-    return subprocess.run([str(script), *args], capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    argv = [str(Path(sys.executable).with_name("hetbench")), *args]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:  # its timeout, or this session ending (conftest: SIGTERM unwinds as Ctrl-C)
+        stop_child(proc)
+        raise
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float = 60) -> None:
+    """A child cut short: SIGTERM first, so a `hetbench run` stops the cluster it started (SIGKILL
+    alone, as subprocess.run sends, leaves its nodes running), then killed if still there."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def assert_one_line_error(result, pattern):
@@ -241,7 +259,5 @@ def sigterm_a_run(results: Path, args: list[str], ready, within_s: float = 240) 
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+        stop_child(proc)
     return proc.returncode, err
