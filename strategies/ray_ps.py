@@ -129,11 +129,14 @@ class RayServer(ParameterServer):
         """New weights out: posted down every channel (a copy: the master weights move on), or put
         in the object store; [reference, version]."""
         self.version += 1
+        self._post(weights)
+        return [ray.put(weights) if self.object_store else None, self.version]
+
+    def _post(self, weights) -> None:
         if self.channels:
             posted = weights.copy()
             for channel in self.channels.values():
                 channel.post(self.version, posted)
-        return [ray.put(weights) if self.object_store else None, self.version]
 
 
 class RayParameterServer(ParameterServerDriver):

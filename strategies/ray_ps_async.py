@@ -28,17 +28,15 @@ class AsyncOptions(RayPsOptions):
 
 
 class AsyncServer(RayServer):
-    newest = None  # the master weights as they leave (the live buffer in float32: copied when sent)
+    outgoing = None  # the master weights as they leave (the live buffer in float32: copied when sent)
 
-    def _put(self, weights) -> list:
-        """New weights: into the object store where some worker reads them there; down no channel yet."""
-        self.version += 1
-        self.newest = weights
-        return [ray.put(weights) if self.object_store else None, self.version]
+    def _post(self, weights) -> None:
+        """Down no channel yet: each worker is sent the weights it starts from (send_to)."""
+        self.outgoing = weights
 
     def send_to(self, name: str) -> list:
         """The newest weights down `name`'s channel, for the batch it starts next: [None, version]."""
-        self.channels[name].post(self.version, self.newest.copy())
+        self.channels[name].post(self.version, self.outgoing.copy())
         return [None, self.version]
 
 
