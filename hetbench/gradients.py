@@ -71,6 +71,9 @@ def weighted_sum(
     d(mean loss over its b_i samples), and weighting by b_i / sum(b) gives d(mean loss over the
     union batch), i.e. one single-device step on b1+...+bn samples.
     """
+    wrong = [g.numel() for g in grads if out is not None and g.numel() != out.numel()]
+    if wrong:  # torch would resize `out` to fit: the model's gradients would silently come apart from it
+        raise ValueError(f"a gradient of {wrong[0]:,} values, where the model has {out.numel():,}")
     combined = torch.mul(grads[0], weights[0], out=out)
     for grad, w in zip(grads[1:], weights[1:]):
         combined.add_(grad, alpha=w)

@@ -87,6 +87,13 @@ def test_optimizer_over_flat_chunks_steps_like_one_over_the_model(optimizer, lr)
     torch.testing.assert_close(flats[1].params, flats[0].params, rtol=0, atol=1e-6)
 
 
+def test_a_gradient_of_another_size_is_refused_not_resized_into_the_buffer():
+    buffer = torch.zeros(10)
+    with pytest.raises(ValueError, match="a gradient of 7 values, where the model has 10"):
+        weighted_sum([torch.ones(10), torch.ones(7)], [0.5, 0.5], out=buffer)
+    assert buffer.shape == (10,)
+
+
 def test_flat_model_parameters_and_gradients_are_views_of_two_buffers():
     flat = FlatModel(build_model(0.0, seed=0))
     images, labels = union_batch(8)
