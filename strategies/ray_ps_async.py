@@ -5,7 +5,9 @@ batch share, and the worker restarts from the newest weights, unless it is more 
 `max_staleness` versions ahead of the slowest worker still computing: then it waits. A runner
 "step" is one global batch's worth of samples applied, from whichever workers delivered them.
 The weights go down a worker's direct channel only when it starts from them (ray-ps pushes every
-version to every worker, which here would send each worker versions it never uses).
+version to every worker, which here would send each worker versions it never uses). When every
+worker has such a channel the server serves them itself (async_serving.py) and the driver only
+opens each step; otherwise the driver hands each worker its next batch.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from hetbench.clock import now
 from hetbench.config import Config, setting
 from hetbench.errors import RunFailed, WorkersLost
 from hetbench.step_timing import StepTiming
-from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayServer
+from hetbench.strategies.async_serving import ServingReplica, ServingServer
+from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions
 
 
 @dataclass(frozen=True)
@@ -27,23 +30,10 @@ class AsyncOptions(RayPsOptions):
     max_staleness: int = setting(2, "a worker this many weights versions ahead of the slowest waits")
 
 
-class AsyncServer(RayServer):
-    outgoing = None  # the master weights as they leave (the live buffer in float32: copied when sent)
-
-    def _post(self, weights) -> None:
-        """Down no channel yet: each worker is sent the weights it starts from (send_to)."""
-        self.outgoing = weights
-
-    def send_to(self, name: str) -> list:
-        """The newest weights down `name`'s channel, for the batch it starts next: [None, version]."""
-        self.channels[name].post(self.version, self.outgoing.copy())
-        return [None, self.version]
-
-
 class RayParameterServerAsync(RayParameterServer):
     name = "ray-ps-async"
     options = AsyncOptions
-    server = AsyncServer
+    replica, server = ServingReplica, ServingServer
     table_note = (
         "ray-ps-async: no barrier, so its sync overhead is a worker's own wait for fresh weights after each "
         "batch (its gradient up, the update, the weights down), wait ms the time max_staleness held it "
@@ -58,15 +48,26 @@ class RayParameterServerAsync(RayParameterServer):
         super().__init__(cfg)
         self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
         self.staleness: list[int] = []  # versions behind, per applied gradient, over every repeat
+        self.serving = False  # the server and the workers' loops are running (async_serving.py)
+        self.at_step = 0  # the last step served: where a loss the server saw after it is filed
+
+    def start(self) -> None:
+        super().start()
+        self.served = all(self.direct)  # every worker has its own channel: the server serves them
 
     def reset(self, seed: int) -> None:
-        self._drain()
+        self._stop()
         super().reset(seed)
         self.version = 0
         self.next_batch = [0] * len(self.info)  # each worker reads its own stream of slices
         self.in_flight = {}
         self.parked: list[int] = []
         self.parked_at: dict[int, float] = {}  # rank -> when its batch was applied, until it is given its next
+        if self.served:  # (2a) each worker's first weights down its channel; from then on it loops
+            first = self._server("start_serving", self.cfg.run.batch_size, self.settings.max_staleness)
+            self.placed.results(self._each("start_loop", first), "starting the workers' loops")
+            self.serving = True
+            return
         for rank in range(len(self.info)):
             self._submit(rank)
 
@@ -80,6 +81,8 @@ class RayParameterServerAsync(RayParameterServer):
         self.in_flight[call[0]] = (rank, self.version, call[1], self.batches[rank], parked_s)
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
+        if self.served:
+            return self._served_step(step)
         start, applied = now(), 0
         computes: dict[str, list[float]] = {w["name"]: [] for w in self.info}
         idles, parks = [], []  # per batch applied: its worker's wait for fresh weights before it, held back
@@ -113,7 +116,25 @@ class RayParameterServerAsync(RayParameterServer):
                     self.parked.append(r)
                 else:
                     self._submit(r, now() - self.parked_at.pop(r))
+        return self._timing(now() - start, computes, idles, parks)
+
+    def _served_step(self, step: int) -> StepTiming:
+        """(1)-(3) on the workers and the server alone; here one global batch's worth is let through."""
+        start = now()
+        served = self._server("run_step", self.cfg.run.batch_size, 0.8 * self.cfg.cluster.step_timeout_s)
         total = now() - start
+        if served["failure"]:
+            raise RunFailed(f"{self.name}: {served['failure']}")
+        self.at_step = step
+        self._lose_named(served["lost"], step)
+        if not served["done"]:
+            raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
+        self.staleness += served["staleness"]
+        computes = {name: c for name, c in served["computes"].items() if name in {i["name"] for i in self.info}}
+        return self._timing(total, computes, served["idles"], served["parks"])
+
+    @staticmethod
+    def _timing(total: float, computes: dict[str, list[float]], idles: list[float], parks: list[float]) -> StepTiming:
         # a worker that finished no batch during this step reports no compute for it
         compute_s = {name: (sum(c) / len(c) if c else 0.0) for name, c in computes.items()}
         overhead = statistics.fmean(idles) if idles else 0.0
@@ -134,6 +155,11 @@ class RayParameterServerAsync(RayParameterServer):
                 self._submit(rank, now() - self.parked_at.pop(rank))
             self.parked = []
 
+    def _lose_named(self, names: list[str], step: int) -> None:
+        if names:
+            ranks = [rank for rank, info in enumerate(self.info) if info["name"] in names]
+            self._lose(ranks, step)
+
     def _too_far_ahead(self) -> bool:
         oldest = min((v for _, v, *_ in self.in_flight.values()), default=self.version)
         return self.version - oldest > self.settings.max_staleness
@@ -153,8 +179,12 @@ class RayParameterServerAsync(RayParameterServer):
             },
         }
 
-    def _drain(self) -> None:
-        """Let a previous repeat's in-flight batches finish before the models are replaced."""
+    def _stop(self) -> None:
+        """Let a previous repeat's batches finish, or stop the loops, before the models are replaced."""
+        if self.serving:
+            self._lose_named(self._server("stop_serving"), self.at_step)
+            self.placed.results(self._each("stop_loop"), "stopping the workers' loops")
+            self.serving = False
         pending = list(self.in_flight)
         if pending:
             ray.wait(pending, num_returns=len(pending), timeout=self.cfg.cluster.step_timeout_s)

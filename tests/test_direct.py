@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from hetbench.gradients import from_wire, to_wire
-from hetbench.transport.direct import Channel, Listener, hello
+from hetbench.transport.direct import Channel, Listener, Silent, hello
 
 
 @pytest.fixture
@@ -57,8 +57,12 @@ def test_a_silent_end_times_out():
     worker = Channel.connect(listener.address, hello(listener.secret, "mac"), timeout_s=0.5)
     server = listener.accept(["mac"])["mac"]
     try:
-        with pytest.raises(ConnectionError, match="within 0.5 s"):
+        with pytest.raises(Silent, match="within 0.5 s"):  # a ConnectionError, told apart from a closed end
             server.receive(1)
+        with pytest.raises(Silent, match="within 0.05 s"):  # a wait of the caller's own
+            server.receive(1, timeout_s=0.05)
+        worker.send(4, np.ones(2, dtype=np.float32))
+        assert server.receive_tagged(2)[0] == 4
     finally:
         for end in (server, worker, listener):
             end.close()

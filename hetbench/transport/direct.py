@@ -25,6 +25,10 @@ HEADER = struct.Struct("!qqc")  # tag, payload bytes, numpy dtype char (f: float
 SECRET_BYTES = 16  # a run's secret, given to both ends through the cluster: a stranger's connection is closed
 
 
+class Silent(ConnectionError):
+    """Nothing came within the wait: the other end may be gone, or only busy."""
+
+
 class Sent(NamedTuple):
     """What a worker hands back in place of a gradient it sent over its channel."""
 
@@ -77,18 +81,24 @@ class Channel:
         (e.g. one behind a cut link). `array` must not change until it is sent: post a copy."""
         self.outbox.put((tag, array))
 
-    def receive(self, tag: int) -> np.ndarray:
-        """The first message tagged `tag` or later; ConnectionError when the other end is gone or silent."""
+    def receive(self, tag: int, timeout_s: float | None = None) -> np.ndarray:
+        """The first message tagged `tag` or later; Silent when none came within `timeout_s` (default:
+        the channel's), ConnectionError when the other end is gone."""
+        return self.receive_tagged(tag, timeout_s)[1]
+
+    def receive_tagged(self, tag: int, timeout_s: float | None = None) -> tuple[int, np.ndarray]:
+        """As `receive`, with the message's tag."""
+        wait_s = self.timeout_s if timeout_s is None else timeout_s
         while True:
             try:
-                got_tag, array = self.inbox.get(timeout=self.timeout_s)
+                got_tag, array = self.inbox.get(timeout=wait_s)
             except queue.Empty:
-                raise ConnectionError(f"nothing came over the direct channel within {self.timeout_s:g} s") from None
+                raise Silent(f"nothing came over the direct channel within {wait_s:g} s") from None
             if array is None:
                 self.inbox.put((got_tag, None))  # the end stays visible to later calls
                 raise ConnectionError("the direct channel's other end closed")
             if got_tag >= tag:
-                return array
+                return got_tag, array
 
     def close(self) -> None:
         self.outbox.put((-1, None))

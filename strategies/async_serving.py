@@ -1,0 +1,191 @@
+"""ray-ps-async's roles when every worker has its own channel: the server serves the workers itself.
+
+Without it the driver stands between every batch and the next: it learns a gradient is ready,
+asks the server to apply it, asks it for the weights, and calls the worker again, three Ray calls
+on the worker's wait. Here each worker loops on its own (weights down its channel, compute, its
+gradient up) and a thread of the server's per channel applies what comes up and sends the
+newest weights straight back. The driver opens one global batch's worth of updates per step
+(one call) and closes it, so evaluation reads weights that nothing changes underneath.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+
+from hetbench.gradients import from_wire, to_wire
+from hetbench.strategies.ray_ps import RayReplica, RayServer
+from hetbench.strategies.roles import ParameterServer
+from hetbench.transport.direct import Silent
+
+log = logging.getLogger(__name__)
+POLL_S = 0.2  # how long a loop waits on its channel before it looks whether it was told to stop
+
+
+class ServingReplica(RayReplica):
+    """A worker that computes batch after batch from whatever weights come down its channel."""
+
+    loop: threading.Thread | None = None
+
+    def start_loop(self, version: int) -> None:
+        """Start computing from weights `version` (or newer: older ones are an earlier repeat's)."""
+        self.stopping = threading.Event()
+        self.loop = threading.Thread(target=self._loop, args=(version,), daemon=True, name="ps-async-worker")
+        self.loop.start()
+
+    def stop_loop(self) -> None:
+        """Stop after the batch in hand (its gradient is dropped by the server, which stopped first)."""
+        if self.loop:
+            self.stopping.set()
+            self.loop.join(self.cfg.cluster.step_timeout_s)
+            self.loop = None
+
+    def retire(self) -> None:
+        self.stop_loop()
+        super().retire()
+
+    def _loop(self, version: int) -> None:
+        step, returned_at = 0, None  # my own stream of slices; when my last gradient left
+        while not self.stopping.is_set():
+            try:  # (2a) the weights I start from, tagged with their version
+                version, weights = self.channel.receive_tagged(version, POLL_S)
+            except Silent:
+                continue
+            except ConnectionError:  # the server closed my channel: the row is over
+                return
+            started = time.perf_counter()
+            idle_s = started - returned_at if returned_at is not None else math.nan
+            # (1) my slice of my next batch; (2b) my gradient up, after what the server needs to weigh it
+            self.flat.load_params(from_wire(weights))
+            compute_s = self.local_step(step)
+            self.channel.post(version, np.array([compute_s, idle_s, self.batches[self.rank]]))
+            self.channel.post(version, to_wire(self.flat.grads, self.cfg.run.wire_dtype).copy())
+            returned_at, step, version = time.perf_counter(), step + 1, version + 1
+
+
+class ServingServer(RayServer):
+    """ray-ps-async's server: applies each gradient as it comes and sends that worker its next weights."""
+
+    outgoing = None  # the master weights as they leave (the live buffer in float32: copied when sent)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.turn = threading.Condition()  # guards everything below; one update at a time
+        self.threads: list[threading.Thread] = []
+        self.stopping = False
+        self.lost: list[str] = []  # workers whose channel closed, until the driver is told
+        self.failure: str | None = None  # why a serving thread failed, for the step that waits on it
+
+    def _post(self, weights) -> None:
+        """Down no channel yet: each worker is sent the weights it starts from, when it starts."""
+        self.outgoing = weights
+
+    def send_to(self, name: str) -> list:
+        """The newest weights down `name`'s channel, for the batch it starts next: [None, version]."""
+        self.channels[name].post(self.version, self.outgoing.copy())
+        return [None, self.version]
+
+    def start_serving(self, batch_size: int, max_staleness: int) -> int:
+        """Every worker is sent the newest weights and served from now on; their version."""
+        self.batch_size, self.max_staleness = batch_size, max_staleness
+        self.stopping, self.budget, self.failure = False, 0, None
+        self.started_from = {name: self.send_to(name)[1] for name in self.channels}  # in flight: their version
+        self.parked_s: dict[str, float] = {}  # how long each worker was last held back by max_staleness
+        self._clear()
+        self.threads = [threading.Thread(target=self._serve, args=item, daemon=True) for item in self.channels.items()]
+        for thread in self.threads:
+            thread.start()
+        return self.version
+
+    def run_step(self, samples: int, timeout_s: float) -> dict:
+        """Apply gradients until `samples` samples' worth are in (the last may overshoot), then hold
+        every further one until the next step; what the step's updates saw."""
+        deadline = time.monotonic() + timeout_s
+        with self.turn:
+            self.budget = samples
+            self.turn.notify_all()
+            while self.budget > 0 and self.started_from and not self.failure and time.monotonic() < deadline:
+                self.turn.wait(max(0.0, deadline - time.monotonic()))
+            done = self.budget <= 0
+            self.budget = 0
+            figures = {**self.figures, "done": done, "lost": self.lost, "failure": self.failure}
+            self.lost = []
+            self._clear()
+            return figures
+
+    def stop_serving(self) -> list[str]:
+        """Every serving thread stopped; the workers lost since the last step, which did not hear of them."""
+        with self.turn:
+            self.stopping = True
+            self.turn.notify_all()
+        for thread in self.threads:
+            thread.join(POLL_S + 5.0)
+        self.threads, lost, self.lost = [], self.lost, []
+        return lost
+
+    def retire(self) -> None:
+        self.stop_serving()
+        super().retire()
+
+    def _clear(self) -> None:
+        self.figures = {"computes": {n: [] for n in self.channels}, "idles": [], "parks": [], "staleness": []}
+
+    def _serve(self, name: str, channel) -> None:
+        try:
+            self._serve_worker(name, channel)
+        except Exception as e:  # the step waiting on this thread ends with it, not at its timeout
+            log.exception("serving worker '%s'", name)  # the whole story, in the server's log
+            with self.turn:
+                self.failure = f"serving worker '{name}' failed: {type(e).__name__}: {e}"
+                self.turn.notify_all()
+
+    def _serve_worker(self, name: str, channel) -> None:
+        while not self.stopping:
+            try:  # (2b) what the worker sends up with its gradient, then the gradient
+                figures = channel.receive(self.started_from[name], POLL_S)
+                gradient = channel.receive(self.started_from[name])
+            except Silent:
+                continue
+            except ConnectionError:  # the worker is gone: the driver hears of it from the step
+                with self.turn:
+                    self.lost.append(name)
+                    self.started_from.pop(name, None)
+                    self.turn.notify_all()
+                return
+            with self.turn:
+                while self.budget <= 0 and not self.stopping:  # between steps: held until the next opens
+                    self.turn.wait()
+                if self.stopping:
+                    return
+                self._apply_one(name, gradient, *figures)
+                self.turn.notify_all()  # a step may be complete, a worker held back free to go
+                self._park_while_too_far_ahead(name)
+                if self.stopping:
+                    return
+                self.started_from[name] = self.send_to(name)[1]
+                self.turn.notify_all()
+
+    def _apply_one(self, name: str, gradient, compute_s: float, idle_s: float, batch: float) -> None:
+        # (2c) (3) scaled by its share of the global batch, applied at once
+        started_from = self.started_from.pop(name)
+        self.figures["staleness"].append(self.version - started_from)
+        weights, _ = ParameterServer.apply(self, [batch / self.batch_size], gradient)  # the array in hand
+        self._put(weights)
+        self.budget -= int(batch)
+        self.figures["computes"][name].append(compute_s)
+        if not math.isnan(idle_s):  # its overhead: the wait beyond what max_staleness held it back
+            self.figures["idles"].append(max(0.0, idle_s - self.parked_s.get(name, 0.0)))
+            self.figures["parks"].append(self.parked_s.get(name, 0.0))
+
+    def _park_while_too_far_ahead(self, name: str) -> None:
+        """Bounded staleness: `name` starts again at most max_staleness versions ahead of the slowest."""
+        parked = time.perf_counter()
+        while not self.stopping and self.version - min(self.started_from.values(), default=self.version) > (
+            self.max_staleness
+        ):
+            self.turn.wait()
+        self.parked_s[name] = time.perf_counter() - parked
