@@ -126,12 +126,17 @@ class CliResult:
 
 def hetbench(*args, env=None, timeout=120):
     """The console script a user types, in its own process (the `cli` fixture runs it in this one)."""
+    return run_child([str(Path(sys.executable).with_name("hetbench")), *args], env, timeout)
+
+
+def run_child(argv: list[str], env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """subprocess.run's capture, but a child cut short (its timeout, or this session ending: conftest
+    makes SIGTERM unwind as Ctrl-C) is stopped by `stop_child`, so it can stop what it started."""
     env = {**os.environ, **(env or {})}
-    argv = [str(Path(sys.executable).with_name("hetbench")), *args]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
-    except BaseException:  # its timeout, or this session ending (conftest: SIGTERM unwinds as Ctrl-C)
+    except BaseException:
         stop_child(proc)
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, hetbench, sets, sigterm_a_run
+from helpers import REPO, hetbench, run_child, sets, sigterm_a_run
 from hetbench.errors import UserError
 
 # quick.yaml on two local nodes, the mac's worker 3x slower: a few steps, accuracy on 300 images
@@ -299,12 +299,14 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 
 
 TWO_CLUSTERS = """
+import signal
 import sys
 from pathlib import Path
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.ray_connection import RayConnection
 from helpers import LABELLED, small_config
 
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stopped (helpers.stop_child): through the finally
 for _ in range(2):  # a new cluster each time, as for each of the benchmark suite's links and worker counts
     # a cold Ray head on this 2-core box has taken over connect_timeout_s's 30 s default under load
     cfg = small_config(Path(sys.argv[1]), LABELLED, "cluster.mode=local-multinode", "download=false",
@@ -322,14 +324,7 @@ for _ in range(2):  # a new cluster each time, as for each of the benchmark suit
 @pytest.mark.slow
 def test_one_process_joins_one_local_cluster_after_another(tmp_path):
     """Ray keeps the token a process first joined with: every cluster a process starts shares it."""
-    result = subprocess.run(
-        [sys.executable, "-c", TWO_CLUSTERS, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO / "tests")},
-    )
+    result = run_child([sys.executable, "-c", TWO_CLUSTERS, str(tmp_path)], {"PYTHONPATH": str(REPO / "tests")}, 240)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = result.stdout.split("\n")[:2]
     assert [line.split()[1:] for line in lines] == [["['desktop',", "'mac']"]] * 2
