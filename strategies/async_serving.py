@@ -31,10 +31,11 @@ class ServingReplica(RayReplica):
 
     loop: threading.Thread | None = None
 
-    def start_loop(self, version: int) -> None:
-        """Start computing from weights `version` (or newer: older ones are an earlier repeat's)."""
+    def start_loop(self, first: int) -> None:
+        """Start computing from weights version `first`; what comes later is newer, what came before
+        (an earlier repeat's) is dropped. The server sends weights only when I am to start from them."""
         self.stopping = threading.Event()
-        self.loop = threading.Thread(target=self._loop, args=(version,), daemon=True, name="ps-async-worker")
+        self.loop = threading.Thread(target=self._loop, args=(first,), daemon=True, name="ps-async-worker")
         self.loop.start()
 
     def stop_loop(self) -> None:
@@ -48,11 +49,11 @@ class ServingReplica(RayReplica):
         self.stop_loop()
         super().retire()
 
-    def _loop(self, version: int) -> None:
+    def _loop(self, first: int) -> None:
         step, returned_at = 0, None  # my own stream of slices; when my last gradient left
         while not self.stopping.is_set():
             try:  # (2a) the weights I start from, tagged with their version
-                version, weights = self.channel.receive_tagged(version, POLL_S)
+                version, weights = self.channel.receive_tagged(first, POLL_S)
             except Silent:
                 continue
             except ConnectionError:  # the server closed my channel: the row is over
@@ -64,7 +65,7 @@ class ServingReplica(RayReplica):
             compute_s = self.local_step(step)
             self.channel.post(version, np.array([compute_s, idle_s, self.batches[self.rank]]))
             self.channel.post(version, to_wire(self.flat.grads, self.cfg.run.wire_dtype).copy())
-            returned_at, step, version = time.perf_counter(), step + 1, version + 1
+            returned_at, step = time.perf_counter(), step + 1
 
 
 class ServingServer(RayServer):
@@ -89,9 +90,10 @@ class ServingServer(RayServer):
         self.channels[name].post(self.version, self.outgoing.copy())
         return [None, self.version]
 
-    def start_serving(self, batch_size: int, max_staleness: int) -> int:
-        """Every worker is sent the newest weights and served from now on; their version."""
-        self.batch_size, self.max_staleness = batch_size, max_staleness
+    def start_serving(self, batch_size: int, max_staleness: int, update_first: bool = True) -> int:
+        """Every worker is sent the newest weights and served from now on; their version. `update_first`:
+        a worker's next weights include its own gradient (else they leave before it is applied)."""
+        self.batch_size, self.max_staleness, self.update_first = batch_size, max_staleness, update_first
         self.stopping, self.budget, self.failure = False, 0, None
         self.started_from = {name: self.send_to(name)[1] for name in self.channels}  # in flight: their version
         self.parked_s: dict[str, float] = {}  # how long each worker was last held back by max_staleness
@@ -157,21 +159,34 @@ class ServingServer(RayServer):
                     self.turn.notify_all()
                 return
             with self.turn:
+                if not self.update_first:  # its next weights leave now; it computes while its gradient is applied
+                    started_from = self.started_from.pop(name)
+                    self._send_next(name)
                 while self.budget <= 0 and not self.stopping:  # between steps: held until the next opens
                     self.turn.wait()
                 if self.stopping:
                     return
-                self._apply_one(name, gradient, *figures)
+                if self.update_first:
+                    started_from = self.started_from.pop(name)
+                self._apply_one(name, gradient, started_from, *figures)
                 self.turn.notify_all()  # a step may be complete, a worker held back free to go
-                self._park_while_too_far_ahead(name)
-                if self.stopping:
-                    return
-                self.started_from[name] = self.send_to(name)[1]
-                self.turn.notify_all()
+                if self.update_first:
+                    self._send_next(name)
 
-    def _apply_one(self, name: str, gradient, compute_s: float, idle_s: float, batch: float) -> None:
+    def _send_next(self, name: str) -> None:
+        """Bounded staleness first: `name` starts again at most max_staleness versions ahead of the slowest."""
+        parked = time.perf_counter()
+        while not self.stopping and self.version - min(self.started_from.values(), default=self.version) > (
+            self.max_staleness
+        ):
+            self.turn.wait()
+        self.parked_s[name] = time.perf_counter() - parked
+        if not self.stopping:
+            self.started_from[name] = self.send_to(name)[1]
+            self.turn.notify_all()
+
+    def _apply_one(self, name: str, gradient, started_from: int, compute_s: float, idle_s: float, batch: float):
         # (2c) (3) scaled by its share of the global batch, applied at once
-        started_from = self.started_from.pop(name)
         self.figures["staleness"].append(self.version - started_from)
         weights, _ = ParameterServer.apply(self, [batch / self.batch_size], gradient)  # the array in hand
         self._put(weights)
@@ -180,12 +195,3 @@ class ServingServer(RayServer):
         if not math.isnan(idle_s):  # its overhead: the wait beyond what max_staleness held it back
             self.figures["idles"].append(max(0.0, idle_s - self.parked_s.get(name, 0.0)))
             self.figures["parks"].append(self.parked_s.get(name, 0.0))
-
-    def _park_while_too_far_ahead(self, name: str) -> None:
-        """Bounded staleness: `name` starts again at most max_staleness versions ahead of the slowest."""
-        parked = time.perf_counter()
-        while not self.stopping and self.version - min(self.started_from.values(), default=self.version) > (
-            self.max_staleness
-        ):
-            self.turn.wait()
-        self.parked_s[name] = time.perf_counter() - parked

@@ -28,6 +28,9 @@ from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions
 @dataclass(frozen=True)
 class AsyncOptions(RayPsOptions):
     max_staleness: int = setting(2, "a worker this many weights versions ahead of the slowest waits")
+    update_first: bool = setting(
+        True, "a worker's next weights include its own gradient; false: they leave before it is applied (one staler)"
+    )
 
 
 class RayParameterServerAsync(RayParameterServer):
@@ -64,7 +67,8 @@ class RayParameterServerAsync(RayParameterServer):
         self.parked: list[int] = []
         self.parked_at: dict[int, float] = {}  # rank -> when its batch was applied, until it is given its next
         if self.served:  # (2a) each worker's first weights down its channel; from then on it loops
-            first = self._server("start_serving", self.cfg.run.batch_size, self.settings.max_staleness)
+            options = (self.settings.max_staleness, self.settings.update_first)
+            first = self._server("start_serving", self.cfg.run.batch_size, *options)
             self.placed.results(self._each("start_loop", first), "starting the workers' loops")
             self.serving = True
             return

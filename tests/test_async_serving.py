@@ -25,10 +25,9 @@ class StandIn:
         self.thread.start()
 
     def _loop(self) -> None:
-        version = 0
         while not self.stop.is_set():
             try:
-                version, weights = self.channel.receive_tagged(version, 0.1)
+                version, weights = self.channel.receive_tagged(0, 0.1)
             except Silent:
                 continue
             except ConnectionError:
@@ -36,7 +35,6 @@ class StandIn:
             self.started_from.append(version)
             self.channel.post(version, np.array([0.01, 0.002, self.batch]))  # compute s, idle s, batch
             self.channel.post(version, np.ones(self.numel or weights.size, dtype=np.float32))
-            version += 1
 
 
 @pytest.fixture
@@ -79,6 +77,15 @@ def test_each_step_applies_one_global_batch_and_nothing_between_steps(served):
     assert (server.version, server.params().tolist()) == (held[0], held[1].tolist())
     assert server.run_step(64, timeout_s=10)["done"] and server.version > held[0]
     assert all(w.started_from[0] == first for w in workers.values())  # both began from the first weights
+
+
+@pytest.mark.parametrize("update_first,staleness", [(True, [0] * 6), (False, [0] + [1] * 5)])
+def test_update_first_says_whether_a_worker_goes_on_from_its_own_gradient(served, update_first, staleness):
+    server, ends, workers = served
+    server.start_serving(64, max_staleness=100, update_first=update_first)
+    workers["big"] = StandIn(ends["big"], 40)  # 'small' stays silent: only big's gradients are applied
+    # without update_first each of big's gradients after its first was computed before its previous one was in
+    assert [s for _ in range(3) for s in server.run_step(80, timeout_s=10)["staleness"]] == staleness
 
 
 def test_a_worker_runs_at_most_max_staleness_versions_ahead(served):
