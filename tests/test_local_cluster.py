@@ -45,16 +45,18 @@ def records_of(results: Path) -> list[dict]:
     return json.loads(text) if text else []
 
 
-def processes_mentioning(*needles: str) -> list[int]:
-    """PIDs of live processes whose command lines name any of `needles` (cluster addresses, temp dirs)."""
-    found = []
+def processes_mentioning(*needles: str) -> dict[int, str]:
+    """Live processes whose command lines name any of `needles` (cluster addresses, temp dirs): PID ->
+    its state, parent and command line, so a failing check shows what was left and who holds it."""
+    found = {}
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
             text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
+            status = dict(line.split(":\t", 1) for line in (cmdline.parent / "status").read_text().splitlines())
+        except (OSError, ValueError):
             continue
         if any(n in text for n in needles) and str(os.getpid()) != cmdline.parent.name:
-            found.append(int(cmdline.parent.name))
+            found[int(cmdline.parent.name)] = f"{status['State']}, parent {status['PPid']}: {text[:300]}"
     return found
 
 
@@ -113,7 +115,7 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert "| ray-ps" in md and "auto" in md and "(slowed 3x)" in md and "![quick-throughput]" in md
     for plot in ("throughput", "step", "accuracy"):
         assert (tmp_path / f"quick-{plot}.png").read_bytes()[:4] == b"\x89PNG"
-    assert processes_mentioning(*cluster_addresses(records)) == []
+    assert processes_mentioning(*cluster_addresses(records)) == {}
 
 
 @pytest.mark.slow
@@ -131,13 +133,13 @@ def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
         code, err = sigterm_a_run(tmp_path, args, dask_sync_running, within_s=200)
     finally:
         records = records_of(tmp_path)
-        left = processes_mentioning(*cluster_addresses(records)) if records else []
+        left = processes_mentioning(*cluster_addresses(records)) if records else {}
         for pid in left:  # a failing run must not leave its cluster behind for the next tests
             os.kill(pid, signal.SIGKILL)
     assert code == 130, err[-2000:]
     assert "interrupted" in err and "Traceback" not in err
     assert records[0]["strategy"] == "single" and records[0]["status"] == "ok"
-    assert left == []
+    assert left == {}
 
 
 def test_link_emulation_without_root_is_one_clear_sentence(monkeypatch):
@@ -229,7 +231,7 @@ def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_pat
     assert floor["link"] == {"rate": "200mbit"} and floor["path"]["ips"] == ["10.231.0.1", "10.231.0.2"]
     assert ps_floor["link"] == floor["link"] and ps_floor["path"] == floor["path"]  # the same path, the same link
     assert "200mbit" in (tmp_path / "quick.md").read_text()
-    assert processes_mentioning(*cluster_addresses(records)) == []
+    assert processes_mentioning(*cluster_addresses(records)) == {}
     names = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10).stdout
     assert "hb" not in names
 
@@ -261,7 +263,7 @@ def test_a_lost_node_is_survived_and_comes_back_for_the_next_scenario(tmp_path, 
         assert record["events"][0]["injected"] == f"kill {kill} mac" and record["events"][0]["step"] == 3
         lost = record["events"][1]
         assert lost["lost"] == "mac" and lost["node"] == "mac" and lost["split"] == {"desk": 96}
-    assert processes_mentioning(*cluster_addresses(records)) == []
+    assert processes_mentioning(*cluster_addresses(records)) == {}
     assert not [n for n in namespaces().split() if n.startswith("hb")]
 
 
@@ -352,4 +354,4 @@ def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
     workers = record["workers"]
     assert record["status"] == "ok" and len({w["dask_worker"] for w in workers}) == 4
     assert [w["transport"] for w in workers] == ["shared memory"] * 2 + ["tcp"] * 2
-    assert processes_mentioning(*cluster_addresses([record])) == []
+    assert processes_mentioning(*cluster_addresses([record])) == {}
