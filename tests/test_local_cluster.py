@@ -208,6 +208,22 @@ def test_links_avoid_held_subnets_and_remove_what_killed_runs_left():
     assert "10.231." not in subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
 
 
+@needs_root
+def test_a_closed_link_ends_what_is_left_inside_it_even_an_orphan():
+    from hetbench.cluster.netns import open_links
+    from hetbench.cluster.processes import alive
+
+    link = open_links(["mac"], "20mbit")["mac"]
+    try:  # as a raylet Ray declared dead leaves its agents: running inside, their parent gone
+        background = [*link.prefix(), "sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!"]
+        started = subprocess.run(background, capture_output=True, text=True, timeout=10)
+        orphan = int(started.stdout)
+        assert alive(orphan) and link.processes() == [orphan]
+    finally:
+        link.close()
+    assert not alive(orphan) and link.name not in namespaces()
+
+
 @pytest.mark.slow
 @needs_root
 def test_nodes_behind_an_emulated_link_train_and_the_floor_uses_the_link(tmp_path):

@@ -171,6 +171,8 @@ class LocalMultinode:
         """Fault injection: the node's Ray node (raylet, its workers) and Dask workers die at once."""
         procs = self.node_procs.pop(label, [])
         kill_trees(procs)
+        if label in self.links:  # and what outlived its parent there (a raylet Ray ended: its agents)
+            self.links[label].end_processes()
         self.procs = [p for p in self.procs if p not in procs]
 
     def cut_link(self, label: str) -> None:

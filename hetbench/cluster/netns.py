@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 
+from hetbench.cluster.processes import in_namespace, kill_pids
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -116,8 +117,17 @@ class Link:
     def restore(self) -> None:
         _run("ip", "link", "set", self.host_dev, "up")
 
+    def processes(self) -> list[int]:
+        """The processes inside this namespace, whoever holds them now: a Ray node's agents outlive
+        their raylet when Ray ends a node it declared dead, and init inherits them."""
+        return in_namespace(f"/run/netns/{self.name}")
+
+    def end_processes(self) -> None:
+        kill_pids(self.processes())
+
     def close(self) -> None:
         if self.created:
+            self.end_processes()  # nothing is left running where no link leads any more
             _remove(self.name, self.host_dev)
             self.created = False
 

@@ -75,6 +75,29 @@ def kill_trees(procs: list[subprocess.Popen], reap_s: float = 10.0) -> None:
     _reap(procs, pids, reap_s)
 
 
+def kill_pids(pids: list[int], reap_s: float = 10.0) -> None:
+    """SIGKILL processes that need not be our children (orphans init holds), and wait until they are gone."""
+    _signal(pids, signal.SIGKILL)
+    _reap([], pids, reap_s)
+
+
+def in_namespace(netns_path: str) -> list[int]:
+    """The processes inside the network namespace mounted at `netns_path` (/run/netns/NAME),
+    whatever their parent: none where it does not exist."""
+    try:
+        inode = os.stat(netns_path).st_ino
+    except OSError:
+        return []
+    found = []
+    for link in Path("/proc").glob("[0-9]*/ns/net"):
+        try:
+            if os.stat(link).st_ino == inode:
+                found.append(int(link.parent.parent.name))
+        except OSError:  # the process ended while we looked
+            continue
+    return found
+
+
 def _reap(procs: list[subprocess.Popen], pids: list[int], timeout_s: float) -> None:
     """Wait for our children, and until every descendant signalled is gone: a killed process tears
     its memory down before it ends, and one that is not our child is not waited for by `wait`."""
