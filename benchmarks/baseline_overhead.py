@@ -50,7 +50,7 @@ def plain_loop(images, labels, batch, steps, device, cfg, each_step: bool) -> fl
 
 def hetbench_single(cfg, steps) -> float:
     """hetbench's baseline in a process placed on the worker's node (its startup untimed): median step seconds."""
-    strategy = Single(cfg)
+    strategy = Single(cfg.job())
     try:
         strategy.start()
         strategy.reset(cfg.run.seed)

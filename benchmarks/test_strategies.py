@@ -103,9 +103,9 @@ def standalone():
 
     cache: dict = {}
 
-    def get(cfg: dict, key: tuple) -> dict:
+    def get(cfg, key: tuple) -> dict:
         if key not in cache:
-            cache[key] = speeds(measure_standalone(cfg))
+            cache[key] = speeds(measure_standalone(cfg.job()))
         return cache[key]
 
     return get
@@ -132,7 +132,8 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
         if balance is None
         else balanced(cluster_cfg, balance, standalone(cluster_cfg, key) if balance == "auto" else None)
     )
-    strategy = load(strategy_name)(cfg)
+    cls = load(strategy_name)
+    strategy = cls(cfg.job(strategy_name, cls.options))
     timings: list[StepTiming] = []
     try:
         strategy.start()  # startup stays outside the timed rounds

@@ -49,7 +49,7 @@ def run_strategy(
         cls = registry.load(name)
     except ImportError as e:
         return {**base, "status": "skipped", "reason": str(e), "workers": []}
-    strategy, schedule = cls(cfg), Schedule.of(cfg.run)
+    strategy, schedule = cls(cfg.job(name, cls.options)), Schedule.of(cfg.run)
     faults, notes = faults_for(cls, cfg), skipped_features(cls, cfg)
     saved = checkpoints.load(scenario.key) if checkpoints else None
     if saved:
@@ -110,7 +110,8 @@ def open_ray(cfg: Config) -> float | None:
         return None
     started = now()
     connect(cfg.cluster, cfg.workers)
-    place(cfg.cluster, cfg.workers, Replica, "starting the run's processes", cfg, coordinator=ParameterServer).close()
+    job = cfg.job()  # no strategy's own: the processes serve every row
+    place(cfg.cluster, cfg.workers, Replica, "starting the run's processes", job, coordinator=ParameterServer).close()
     return now() - started
 
 
@@ -155,9 +156,9 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
             cluster_cfg = replace(cfg, cluster=joined, workers=wait_for_workers(joined, cfg.workers))
             ray_startup_s = open_ray(cluster_cfg)
-            brackets = Brackets(cluster_cfg, wants_standalone(cluster_cfg))
+            brackets = Brackets(cluster_cfg.job(), wants_standalone(cluster_cfg))
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
-                standalone = speeds(measure_standalone(cluster_cfg))
+                standalone = speeds(measure_standalone(cluster_cfg.job()))
                 out.save_run(cfg.as_dict(), standalone)
             rows = planned(cluster_cfg)
             for n, scenario in enumerate(rows, 1):

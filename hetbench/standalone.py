@@ -13,23 +13,23 @@ from __future__ import annotations
 
 from hetbench.clock import median
 from hetbench.cluster.place import place
-from hetbench.config import Config
+from hetbench.config import Job
 from hetbench.strategies.roles import Replica
 
 WARMUP_STEPS = 3
 
 
-def measure_standalone(cfg: Config, order: list[int] | None = None) -> dict[str, list[float]]:
+def measure_standalone(job: Job, order: list[int] | None = None) -> dict[str, list[float]]:
     """Worker name -> its samples/s training alone, one figure per timing: by default two each, in
     the order A B .. B A, so drift on a shared machine hits every worker alike; else in `order`."""
-    ranks = list(range(len(cfg.workers)))
-    workers = place(cfg.cluster, cfg.workers, Replica, "standalone", cfg)
+    ranks = list(range(len(job.workers)))
+    workers = place(job.cluster, job.workers, Replica, "standalone", job)
     try:
-        timed: dict[str, list[float]] = {w.name: [] for w in cfg.workers}
+        timed: dict[str, list[float]] = {w.name: [] for w in job.workers}
         for rank in order or ranks + ranks[::-1]:
-            name = cfg.workers[rank].name
+            name = job.workers[rank].name
             timed[name] += workers.results(
-                [workers.call(rank, "alone", cfg.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
+                [workers.call(rank, "alone", job.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
             )
         return timed
     finally:
@@ -41,8 +41,8 @@ class Brackets:
     A B, then B A, so the two around a row mirror each other). Rows run back to back share the
     timing between them; after any other row (the baseline, a failed one) the next is timed anew."""
 
-    def __init__(self, cfg: Config, enabled: bool) -> None:
-        self.cfg, self.enabled = cfg, enabled
+    def __init__(self, job: Job, enabled: bool) -> None:
+        self.job, self.enabled = job, enabled
         self.latest: dict[str, list[float]] | None = None  # the last timings, if nothing ran since
         self.before_row: dict[str, list[float]] | None = None  # those just before the running row
         self.timings = 0
@@ -61,9 +61,9 @@ class Brackets:
         return self.before_row, self.latest
 
     def _measure(self) -> dict[str, list[float]]:
-        ranks = list(range(len(self.cfg.workers)))
+        ranks = list(range(len(self.job.workers)))
         self.timings += 1
-        return measure_standalone(self.cfg, ranks if self.timings % 2 else ranks[::-1])
+        return measure_standalone(self.job, ranks if self.timings % 2 else ranks[::-1])
 
 
 def speeds(*timings: dict[str, list[float]]) -> dict[str, float]:

@@ -42,7 +42,7 @@ class ServingReplica(RayReplica):
         """Stop after the batch in hand (its gradient is dropped by the server, which stopped first)."""
         if self.loop:
             self.stopping.set()
-            self.loop.join(self.cfg.cluster.step_timeout_s)
+            self.loop.join(self.job.cluster.step_timeout_s)
             self.loop = None
 
     def retire(self) -> None:
@@ -64,7 +64,7 @@ class ServingReplica(RayReplica):
             self.flat.load_params(from_wire(weights))
             compute_s = self.local_step(step)
             self.channel.post(version, np.array([compute_s, idle_s, self.batches[self.rank]]))
-            self.channel.post(version, to_wire(self.flat.grads, self.cfg.run.wire_dtype).copy())
+            self.channel.post(version, to_wire(self.flat.grads, self.job.run.wire_dtype).copy())
             returned_at, step = time.perf_counter(), step + 1
 
 

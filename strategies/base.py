@@ -11,7 +11,7 @@ import torch
 
 from hetbench.balance import resplit_event, speed_split, split_batch
 from hetbench.cluster.placed import Placed
-from hetbench.config import Config
+from hetbench.config import Job
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME
 from hetbench.gradients import batch_shares
@@ -51,7 +51,7 @@ class Strategy(ABC):
 
     # This strategy's own settings: a frozen dataclass of config.setting() fields (a default and a
     # one-line doc each). They live under the strategy's name in a config (e.g. `ray-ps-async:
-    # {max_staleness: 1}`); config.py resolves them into Config.options; `settings` reads them.
+    # {max_staleness: 1}`); config.py checks them, and the strategy's Job carries them typed.
     options: ClassVar[type | None] = None
     # A sentence for the tables' legend, shown where this strategy has a row.
     table_note: ClassVar[str] = ""
@@ -60,9 +60,10 @@ class Strategy(ABC):
     def check_options(cls, options) -> None:
         """Refuse, with UserError, resolved `options` that config.py's type checks let through."""
 
-    def __init__(self, cfg: Config) -> None:
-        self.cfg = cfg
-        self.wire_dtype = cfg.run.wire_dtype  # what its transfers travel in (torch-ddp's PowerSGD: float32)
+    def __init__(self, job: Job) -> None:
+        self.job = job
+        self.settings = job.settings  # its own options, typed (see `options` above)
+        self.wire_dtype = job.run.wire_dtype  # what its transfers travel in (torch-ddp's PowerSGD: float32)
         self.events: list[dict] = []  # what was lost, when, and the split that went on
         self.lost: list[dict] = []  # worker_info of the lost workers, with lost_at_step
         self.info: list[dict] = []  # per live worker, in rank order: what worker_info reports
@@ -72,11 +73,6 @@ class Strategy(ABC):
         # Set by the training loop after each check: whether the next checks come every fine_eval_every
         # steps (training.Schedule.near). Ranks that run the Schedule themselves must be told.
         self.near_target = False
-
-    @property
-    def settings(self):
-        """This strategy's own settings, typed, as the config resolved them (its defaults where it holds none)."""
-        return self.options(**self.cfg.options.get(self.name, {}))
 
     @abstractmethod
     def start(self) -> None:
@@ -124,7 +120,7 @@ class Strategy(ABC):
         del self.batches[rank]
         if not self.batches:
             raise RunFailed(f"{self.name}: every worker was lost (the last, '{lost['name']}', at step {step})")
-        split = self._set_split(split_batch(self.cfg.run.batch_size, self.batches))
+        split = self._set_split(split_batch(self.job.run.batch_size, self.batches))
         self.lost.append({**lost, "lost_at_step": step})
         self.events.append({"step": step, "lost": lost["name"], "node": lost["node"], "split": split})
         going_on = ", ".join(f"{n}x{b}" for n, b in split.items())
@@ -133,9 +129,9 @@ class Strategy(ABC):
     def rebalance(self, step: int, timings: list[StepTiming]) -> None:
         """Re-split the global batch by the speeds in `timings` (speed_split), and hand it on."""
         computes = [[t.compute_s[info["name"]] for t in timings if t.compute_s.get(info["name"])] for info in self.info]
-        batches = speed_split(self.cfg.run.batch_size, self.batches, computes)
+        batches = speed_split(self.job.run.batch_size, self.batches, computes)
         if batches is not None:
-            self.events.append(resplit_event(self.cfg.run.warmup_steps, step, self._set_split(batches)))
+            self.events.append(resplit_event(self.job.run.warmup_steps, step, self._set_split(batches)))
             self.push_split()
 
     def push_split(self) -> None:

@@ -40,7 +40,7 @@ class DaskSync(ParameterServerDriver):
         )
         grads = [g if isinstance(g, int) else next(by_value) for g in grads]
         # (2c) (3) the sample-weighted rule and the optimizer step, here; the slots are waited for
-        deadline = now() + self.cfg.cluster.step_timeout_s
+        deadline = now() + self.job.cluster.step_timeout_s
         weights, update_s = self.placed.coordinator.apply(
             self.shares, *grads, ticket=ticket, check=lambda: self._check(ticket, deadline)
         )

@@ -37,10 +37,10 @@ class ParameterServerDriver(Strategy, HandsOff):
     survives_worker_loss = resumable = rebalances = True
 
     def start(self) -> None:
-        self.batches = [w.batch for w in self.cfg.workers]
+        self.batches = [w.batch for w in self.job.workers]
         self.shares = batch_shares(self.batches)  # the sample-weighted rule, as weights
         self.placed = place(
-            self.cfg.cluster, self.cfg.workers, self.replica, self.name, self.cfg, self.via, coordinator=self.server
+            self.job.cluster, self.job.workers, self.replica, self.name, self.job, self.via, coordinator=self.server
         )
         self.placed.on_death = self._give_up_hand_offs  # what waits in shared memory must stop first
         self.info = list(self.placed.info)
@@ -49,7 +49,7 @@ class ParameterServerDriver(Strategy, HandsOff):
     def _share_host_memory(self) -> None:
         ranks = range(len(self.info))
         local = [r for r in ranks if self.uses_host_memory and self.placed.on_driver_host(r)]
-        shared = self._server("share_with", self.cfg, len(local)) if local else None
+        shared = self._server("share_with", self.job, len(local)) if local else None
         attached = (
             self.placed.results(
                 [self.placed.call(r, "attach", *shared, len(local), slot) for slot, r in enumerate(local)],
@@ -61,7 +61,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         mapped = {r for r, ok in zip(local, attached) if ok}
         # this process maps the file too, to give up a step's waits when a worker is lost
         self.host = (
-            HostBuffers.attach(*shared, len(local), self.cfg.cluster.step_timeout_s)
+            HostBuffers.attach(*shared, len(local), self.job.cluster.step_timeout_s)
             if mapped and HostBuffers.can_hand_off()
             else None
         )
@@ -81,7 +81,7 @@ class ParameterServerDriver(Strategy, HandsOff):
     def reset(self, seed: int) -> None:
         # self.newest: a handle of the newest weights, as the workers are given them
         self.ahead = None  # (step, its ticket, {rank: call}) queued before the runner asked for the step
-        self.newest = self.placed.coordinator_call("reset", self.cfg, seed)
+        self.newest = self.placed.coordinator_call("reset", self.job, seed)
         self.placed.results([self.newest, *self._each("reset", seed)], "resetting")
 
     def step(self, step: int, then: int | None = None) -> StepTiming:

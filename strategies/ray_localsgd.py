@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hetbench.clock import now
-from hetbench.config import Config, setting
+from hetbench.config import Job, setting
 from hetbench.errors import UserError, WorkersLost
 from hetbench.gradients import from_wire, to_wire
 from hetbench.step_timing import StepTiming
@@ -32,7 +32,7 @@ NAME = "ray-localsgd"
 class LocalReplica(RayReplica):
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
         self.round_start = self.flat.params.detach().clone()
         self.taken: tuple[int, float] | None = None  # the last step my replica took, and its seconds
 
@@ -51,7 +51,7 @@ class LocalReplica(RayReplica):
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         """The round's last step, then (2a) my delta to the server, as ray-ps sends a gradient."""
         compute_s = self.inner(weights, step)
-        delta = to_wire(self.round_start - self.flat.params, self.cfg.run.wire_dtype)
+        delta = to_wire(self.round_start - self.flat.params, self.job.run.wire_dtype)
         return [self.gradient_out(delta, ticket)], compute_s
 
 
@@ -63,10 +63,10 @@ class LocalSGDOptions(RayPsOptions):
 
 
 class OuterServer(RayServer):
-    def reset(self, cfg: Config, seed: int) -> list:
-        weights = super().reset(cfg, seed)
+    def reset(self, job: Job, seed: int) -> list:
+        weights = super().reset(job, seed)
         # (3) the outer optimizer, stepping with the weighted deltas as its gradient
-        outer = LocalSGDOptions(**cfg.options.get(NAME, {}))
+        outer = job.settings
         self.optimizer = torch.optim.SGD(
             self.flat.optimizer_params(),
             lr=outer.outer_lr,
@@ -88,8 +88,8 @@ class RayLocalSGD(RayParameterServer):
     uses_host_memory = False  # replicas drift apart between exchanges: each keeps its own weights
     resumable = False  # the replicas and their optimizers are not checkpointed yet
 
-    def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg)
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
         self.every = self.exchange_every = self.settings.sync_every
         self.floor_transfers = 2.0 / self.every  # ray-ps's two transfers, once a round
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import ray
 
 from hetbench.cluster.nodes import direct_port
-from hetbench.config import Config, setting
+from hetbench.config import Job, setting
 from hetbench.errors import UserError
 from hetbench.strategies.parameter_server import ParameterServerDriver
 from hetbench.strategies.roles import ParameterServer, Replica
@@ -37,7 +37,7 @@ class RayReplica(Replica):
     held = None  # those weights
 
     def connect(self, address: tuple[str, int], greeting: bytes) -> bool:
-        self.channel = Channel.connect(tuple(address), greeting, self.cfg.cluster.step_timeout_s)
+        self.channel = Channel.connect(tuple(address), greeting, self.job.cluster.step_timeout_s)
         return self.channel is not None
 
     def disconnect(self) -> None:
@@ -99,8 +99,8 @@ class RayServer(ParameterServer):
         super().shared_by_all(by_value)
         self.object_store = by_value
 
-    def reset(self, cfg: Config, seed: int) -> list:
-        return self._put(super().reset(cfg, seed))
+    def reset(self, job: Job, seed: int) -> list:
+        return self._put(super().reset(job, seed))
 
     def load_state(self, state: dict) -> list:
         return self._put(super().load_state(state))
@@ -160,8 +160,8 @@ class RayParameterServer(ParameterServerDriver):
     def _connect_direct(self, ranks: list[int]) -> set[int]:
         if not ranks or self.settings.transport != "direct":
             return set()
-        port = direct_port(bool(self.cfg.cluster.ray_address))
-        listening = self._server("listen", port, self.cfg.cluster.step_timeout_s)
+        port = direct_port(bool(self.job.cluster.ray_address))
+        listening = self._server("listen", port, self.job.cluster.step_timeout_s)
         if listening is None:
             return set()
         address, secret = listening

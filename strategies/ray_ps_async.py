@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import ray
 
 from hetbench.clock import now
-from hetbench.config import Config, setting
+from hetbench.config import Job, setting
 from hetbench.errors import RunFailed, WorkersLost
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.async_serving import ServingReplica, ServingServer
@@ -47,8 +47,8 @@ class RayParameterServerAsync(RayParameterServer):
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
     resumable = False  # gradients in flight at a checkpoint would be lost: not built yet
 
-    def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg)
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
         self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
         self.staleness: list[int] = []  # versions behind, per applied gradient, over every repeat
         self.serving = False  # the server and the workers' loops are running (async_serving.py)
@@ -68,7 +68,7 @@ class RayParameterServerAsync(RayParameterServer):
         self.parked_at: dict[int, float] = {}  # rank -> when its batch was applied, until it is given its next
         if self.served:  # (2a) each worker's first weights down its channel; from then on it loops
             options = (self.settings.max_staleness, self.settings.update_first)
-            first = self._server("start_serving", self.cfg.run.batch_size, *options)
+            first = self._server("start_serving", self.job.run.batch_size, *options)
             self.placed.results(self._each("start_loop", first), "starting the workers' loops")
             self.serving = True
             return
@@ -90,9 +90,9 @@ class RayParameterServerAsync(RayParameterServer):
         start, applied = now(), 0
         computes: dict[str, list[float]] = {w["name"]: [] for w in self.info}
         idles, parks = [], []  # per batch applied: its worker's wait for fresh weights before it, held back
-        while applied < self.cfg.run.batch_size:
+        while applied < self.job.run.batch_size:
             # (1) whichever worker finishes first ...
-            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=self.cfg.cluster.step_timeout_s)
+            ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=self.job.cluster.step_timeout_s)
             if not ready:
                 raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
             rank, started_at, timing, batch, parked_s = self.in_flight.pop(ready[0])
@@ -107,7 +107,7 @@ class RayParameterServerAsync(RayParameterServer):
                 idles.append(max(0.0, idle_s - parked_s))
                 parks.append(parked_s)
             # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch
-            share = batch / self.cfg.run.batch_size  # the batch it computed on, even if re-split since
+            share = batch / self.job.run.batch_size  # the batch it computed on, even if re-split since
             self.newest, _ = self.placed.coordinator_call("apply", [share], ready[0], returns=2)
             self.staleness.append(self.version - started_at)
             self.version += 1
@@ -125,7 +125,7 @@ class RayParameterServerAsync(RayParameterServer):
     def _served_step(self, step: int) -> StepTiming:
         """(1)-(3) on the workers and the server alone; here one global batch's worth is let through."""
         start = now()
-        served = self._server("run_step", self.cfg.run.batch_size, 0.8 * self.cfg.cluster.step_timeout_s)
+        served = self._server("run_step", self.job.run.batch_size, 0.8 * self.job.cluster.step_timeout_s)
         total = now() - start
         if served["failure"]:
             raise RunFailed(f"{self.name}: {served['failure']}")
@@ -191,4 +191,4 @@ class RayParameterServerAsync(RayParameterServer):
             self.serving = False
         pending = list(self.in_flight)
         if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=self.cfg.cluster.step_timeout_s)
+            ray.wait(pending, num_returns=len(pending), timeout=self.job.cluster.step_timeout_s)

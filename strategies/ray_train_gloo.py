@@ -29,7 +29,7 @@ from hetbench.clock import now
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
-from hetbench.config import Config, WorkerConfig, setting
+from hetbench.config import Job, WorkerConfig, setting
 from hetbench.data import check_same_data
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import from_buffer
@@ -47,14 +47,14 @@ def kill_process(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def gathered_split(cfg: Config, rank: DDPRank, window: list[float]) -> list[int] | None:
+def gathered_split(job: Job, rank: DDPRank, window: list[float]) -> list[int] | None:
     """(4) rebalance_every: every rank gathers every rank's computes over the window and derives
     the same new split from them (or None: keep it), so no driver round trip is needed."""
     import torch.distributed as dist
 
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, (rank.rank, window))
-    return speed_split(cfg.run.batch_size, rank.batches, [computes for _, computes in sorted(gathered)])
+    return speed_split(job.run.batch_size, rank.batches, [computes for _, computes in sorted(gathered)])
 
 
 def assign_ranks(workers: tuple[WorkerConfig, ...], labels_by_rank: list[set]) -> list[int]:
@@ -80,13 +80,13 @@ def train_loop(config: dict) -> None:
     import ray.train
     import torch.distributed as dist
 
-    cfg, collector, joined = config["cfg"], config["collector"], config["joined"]
+    job, collector, joined = config["job"], config["collector"], config["joined"]
     world_rank = ray.train.get_context().get_world_rank()
     labels_by_rank = [None] * dist.get_world_size()
     dist.all_gather_object(labels_by_rank, node_labels())
-    index = assign_ranks(cfg.workers, [set(labels) for labels in labels_by_rank])[world_rank]
+    index = assign_ranks(job.workers, [set(labels) for labels in labels_by_rank])[world_rank]
     rank = DDPRank()  # this rank's worker: device resolved here, on its own node; the group is Ray Train's
-    info = rank.setup(cfg, index, workers_per_host(cfg.cluster, cfg.workers, cfg.workers[index], joined))
+    info = rank.setup(job, index, workers_per_host(job.cluster, job.workers, job.workers[index], joined))
     here = {"rank": world_rank, "node_id": ray.get_runtime_context().get_node_id()}
     collector.record.remote(
         ("ready",), world_rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")}
@@ -95,10 +95,10 @@ def train_loop(config: dict) -> None:
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
     first_repeat, first_step, state, near = ray.get(collector.begin.remote(world_rank))
-    schedule, every = Schedule.of(cfg.run), cfg.run.checkpoint_every or cfg.run.eval_every
-    keep_state = world_rank == 0 and bool(cfg.run.faults or cfg.run.checkpoint_every)
-    for repeat in range(first_repeat, cfg.run.repeats):
-        rank.reset(cfg.run.seed + repeat)
+    schedule, every = Schedule.of(job.run), job.run.checkpoint_every or job.run.eval_every
+    keep_state = world_rank == 0 and bool(job.run.faults or job.run.checkpoint_every)
+    for repeat in range(first_repeat, job.run.repeats):
+        rank.reset(job.run.seed + repeat)
         if state is not None and repeat == first_repeat:
             rank.load_state(state)
         window: list[float] = []  # my computes since the split last changed
@@ -110,14 +110,14 @@ def train_loop(config: dict) -> None:
             window.append(own_s)
             split = None
             if schedule.resplits(step, len(window)):  # (4) a new split by the speeds in the run
-                split, window = gathered_split(cfg, rank, window), []
+                split, window = gathered_split(job, rank, window), []
                 if split is not None:
                     rank.resplit(split, index)
             step_s = now(rank.device) - start
             evaluated = schedule.evaluates(repeat, step, near)
             timing = {"compute_s": own_s, "comm_s": step_s - own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}
             if split is not None and world_rank == 0:
-                timing["split"] = {w.name: b for w, b in zip(cfg.workers, split)}
+                timing["split"] = {w.name: b for w, b in zip(job.workers, split)}
             weights = rank.weights().numpy() if evaluated and world_rank == 0 else None
             collector.record.remote((repeat, step), world_rank, timing, weights)
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
@@ -125,7 +125,7 @@ def train_loop(config: dict) -> None:
             if keep_state and schedule.due(every, repeat, step):
                 collector.save_state.remote(repeat, step + 1, rank.state())
             if evaluated:
-                stop, near = ray.get(collector.hold.remote((repeat, step), cfg.cluster.step_timeout_s))
+                stop, near = ray.get(collector.hold.remote((repeat, step), job.cluster.step_timeout_s))
                 if stop:
                     return
     dist.barrier()
@@ -144,9 +144,9 @@ class RayTrainGloo(Strategy):
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
 
-    def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg)
-        self.timeout_s = cfg.cluster.step_timeout_s
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self.timeout_s = job.cluster.step_timeout_s
         self.cluster = None  # the Ray connection, the collector actor, Ray Train's storage and its fit thread
         self.collector = None
         self.storage: str | None = None
@@ -161,14 +161,14 @@ class RayTrainGloo(Strategy):
         from hetbench.strategies.ray_train_backend import GlooTorchConfig
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
-        workers = self.cfg.workers
-        self.cluster = connect(self.cfg.cluster, self.cfg.workers)
+        workers = self.job.workers
+        self.cluster = connect(self.job.cluster, self.job.workers)
         self.collector = Collector.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
-        joined = bool(self.cfg.cluster.ray_address)
+        joined = bool(self.job.cluster.ray_address)
         trainer = TorchTrainer(
             train_loop,
-            train_loop_config={"cfg": self.cfg, "collector": self.collector, "joined": joined},
+            train_loop_config={"job": self.job, "collector": self.collector, "joined": joined},
             torch_config=GlooTorchConfig(backend="gloo", timeout_s=int(self.timeout_s)),
             scaling_config=ScalingConfig(
                 num_workers=len(workers),
@@ -215,7 +215,7 @@ class RayTrainGloo(Strategy):
 
     def reset(self, seed: int) -> None:
         self._release()
-        self.repeat = seed - self.cfg.run.seed  # the ranks run the same repeats, seeded alike
+        self.repeat = seed - self.job.run.seed  # the ranks run the same repeats, seeded alike
         self.snapshot = None
 
     def _release(self) -> None:
@@ -239,7 +239,7 @@ class RayTrainGloo(Strategy):
             log.info("%s: Ray Train restarted the group; it went on from step %s", self.name, resumed_from)
         split = next((t["split"] for t in timings.values() if "split" in t), None)
         if split is not None:  # the ranks re-split themselves after this step (gathered_split)
-            self.events.append(resplit_event(self.cfg.run.warmup_steps, step, split))
+            self.events.append(resplit_event(self.job.run.warmup_steps, step, split))
             for info in self.info:
                 info["batch"] = split[info["name"]]
         compute_s = {self.info[r]["name"]: t["compute_s"] for r, t in timings.items()}

@@ -11,7 +11,7 @@ import torch
 
 from hetbench.clock import cpu_wait, now
 from hetbench.cluster.processes import peak_rss_mb
-from hetbench.config import Config
+from hetbench.config import Job
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
@@ -31,14 +31,14 @@ class Replica:
     shared: HostBuffers | None = None
     returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
 
-    def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
-        configure_threads(cfg.run.threads, threads_share)
+    def setup(self, job: Job, rank: int, threads_share: int) -> dict:
+        configure_threads(job.run.threads, threads_share)
         keep_freed_memory()
-        self.cfg, self.rank = cfg, rank
-        self.spec = cfg.workers[rank]
-        self.batches = [w.batch for w in cfg.workers]
+        self.job, self.rank = job, rank
+        self.spec = job.workers[rank]
+        self.batches = [w.batch for w in job.workers]
         self.device = resolve_device(self.spec.device)
-        train = cached_mnist(cfg.run, announce=False)[0]
+        train = cached_mnist(job.run, announce=False)[0]
         self.images, self.labels = train.tensors(self.device)
         return {
             "name": self.spec.name,
@@ -65,12 +65,12 @@ class Replica:
 
     def reset(self, seed: int) -> None:
         self.seed, self.returned_at = seed, None
-        self.order = BatchOrder(len(self.labels), self.cfg.run.batch_size, seed, self.device)
-        self.flat = FlatModel(build_model(self.cfg.run.dropout, seed).to(self.device))
+        self.order = BatchOrder(len(self.labels), self.job.run.batch_size, seed, self.device)
+        self.flat = FlatModel(build_model(self.job.run.dropout, seed).to(self.device))
 
     def attach(self, path: str, numel: int, slots: int, slot: int) -> bool:
         """On the server's host: map its shared memory, where my weights come and my gradient goes."""
-        self.shared, self.slot = HostBuffers.attach(path, numel, slots, self.cfg.cluster.step_timeout_s), slot
+        self.shared, self.slot = HostBuffers.attach(path, numel, slots, self.job.cluster.step_timeout_s), slot
         return self.shared is not None
 
     def compute(self, weights, step: int, ticket: int | None = None, after: int | None = None):
@@ -89,7 +89,7 @@ class Replica:
             if ticket is not None:
                 self.shared.publish_gradient(self.slot, ticket)
             return self.slot, compute_s
-        return to_wire(self.flat.grads, self.cfg.run.wire_dtype), compute_s
+        return to_wire(self.flat.grads, self.job.run.wire_dtype), compute_s
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
         """As `compute`, and the seconds since my previous one handed its gradient back: my gradient's
@@ -104,16 +104,16 @@ class Replica:
     def alone(self, steps: int, warmup: int) -> float:
         """This worker training alone on the whole global batch (forward, backward, update): samples/s."""
         batches, rank = self.batches, self.rank
-        self.batches, self.rank = [self.cfg.run.batch_size], 0  # my slice is now the whole batch
+        self.batches, self.rank = [self.job.run.batch_size], 0  # my slice is now the whole batch
         try:
-            self.reset(self.cfg.run.seed)
-            optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
+            self.reset(self.job.run.seed)
+            optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
             for step in range(warmup + steps):
                 if step == warmup:
                     start = now(self.device)
                 self.local_step(step)
                 self.work(optimizer.step)
-            return self.cfg.run.batch_size * steps / (now(self.device) - start)
+            return self.job.run.batch_size * steps / (now(self.device) - start)
         finally:
             self.batches, self.rank = batches, rank
 
@@ -162,10 +162,10 @@ class ParameterServer:
 
     shared: HostBuffers | None = None
 
-    def share_with(self, cfg: Config, slots: int) -> tuple[str, int] | None:
+    def share_with(self, job: Job, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
         self.shared = HostBuffers.create(
-            count_parameters(build_model(cfg.run.dropout, 0)), slots, cfg.cluster.step_timeout_s
+            count_parameters(build_model(job.run.dropout, 0)), slots, job.cluster.step_timeout_s
         )
         return (self.shared.path, self.shared.numel) if self.shared else None
 
@@ -175,14 +175,14 @@ class ParameterServer:
         if self.shared:
             self.shared.unlink()
 
-    def reset(self, cfg: Config, seed: int):
+    def reset(self, job: Job, seed: int):
         # The update runs while every worker waits for it: give it all of this host's cores.
         configure_threads(0)
         keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
-        self.wire = cfg.run.wire_dtype
+        self.wire = job.run.wire_dtype
         # the master weights live where the workers on this host read them: publishing them is free
-        self.flat = FlatModel(build_model(cfg.run.dropout, seed), self.shared and self.shared.weights)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
+        self.flat = FlatModel(build_model(job.run.dropout, seed), self.shared and self.shared.weights)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), job.run.optimizer, job.run.lr)
         return to_wire(self.flat.params, self.wire)
 
     def state(self) -> dict:

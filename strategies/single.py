@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from hetbench.cluster.place import place
-from hetbench.config import Config
+from hetbench.config import Job
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.roles import Replica
@@ -25,14 +25,14 @@ from hetbench.workload import build_optimizer
 class OneDevice(Replica):
     """The baseline's process: one worker's node, device and thread budget; its slice is the whole batch."""
 
-    def setup(self, cfg: Config, rank: int, threads_share: int) -> dict:
-        info = super().setup(cfg, rank, threads_share)
-        self.batches, self.rank = [cfg.run.batch_size], 0
-        return {**info, "batch": cfg.run.batch_size}
+    def setup(self, job: Job, rank: int, threads_share: int) -> dict:
+        info = super().setup(job, rank, threads_share)
+        self.batches, self.rank = [job.run.batch_size], 0
+        return {**info, "batch": job.run.batch_size}
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
 
     def train_step(self, step: int) -> float:
         """The step's seconds, one clock around it: on a GPU each clock read is a device sync."""
@@ -62,7 +62,7 @@ class Single(Strategy):
     resumable = True
 
     def start(self) -> None:
-        self.placed = place(self.cfg.cluster, self.cfg.workers, OneDevice, self.name, self.cfg, ranks=[0])
+        self.placed = place(self.job.cluster, self.job.workers, OneDevice, self.name, self.job, ranks=[0])
         self.info = self.placed.info
 
     def reset(self, seed: int) -> None:

@@ -28,7 +28,7 @@ from hetbench.clock import now
 from hetbench.cluster.addresses import free_port
 from hetbench.cluster.gloo import join_group
 from hetbench.cluster.place import place
-from hetbench.config import Config, setting
+from hetbench.config import Job, setting
 from hetbench.devices import gloo_takes
 from hetbench.errors import UserError
 from hetbench.gradients import WIRE_DTYPES, batch_shares, powersgd_fraction, weighted_allreduce, weighted_powersgd
@@ -50,7 +50,7 @@ class DDPRank(Replica):
         return free_port(host)
 
     def join(self, master: str, port: int, world: int) -> str | None:
-        return join_group(master, port, self.rank, world, self.cfg.cluster.step_timeout_s)
+        return join_group(master, port, self.rank, world, self.job.cluster.step_timeout_s)
 
     def compress(self, powersgd_rank: int | None) -> None:
         """From the next reset on: buckets through PowerSGD at this rank (None: as they are)."""
@@ -75,7 +75,7 @@ class DDPRank(Replica):
         self.powersgd = self.powersgd_rank and PowerSGDState(
             None, matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=2, random_seed=seed
         )
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.cfg.run.optimizer, self.cfg.run.lr)
+        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
 
     def train_step(self, step: int) -> tuple[float, float]:
         """My own work's seconds (gathering my slice, compute and update, as on one device) and the whole step's."""
@@ -98,7 +98,7 @@ class DDPRank(Replica):
             staging = None if gloo_takes(buffer.device) else self._staging(bucket.index(), buffer, "float32")
             reduced = weighted_powersgd(bucket, share, self.powersgd, staging)
         else:
-            wire = self.cfg.run.wire_dtype
+            wire = self.job.run.wire_dtype
             reduced = weighted_allreduce(buffer, share, wire, self._staging(bucket.index(), buffer, wire))
         self.started = self.clock_in()
         return reduced
@@ -137,8 +137,8 @@ class TorchDDP(Strategy):
         if options.powersgd_rank < 1:  # config.py has checked it is an int
             raise UserError(f"config key '{NAME}.powersgd_rank' must be a whole number >= 1")
 
-    def __init__(self, cfg: Config) -> None:
-        super().__init__(cfg)
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
         self.powersgd_rank = self.settings.powersgd_rank if self.settings.compression == "powersgd" else None
         if self.powersgd_rank:  # the factors' share of the model, in float32 whatever wire_dtype says
             self.floor_transfers = powersgd_fraction(Net(), self.powersgd_rank)
@@ -150,7 +150,7 @@ class TorchDDP(Strategy):
 
     def start(self) -> None:
         # (0) one process per worker on its labelled node, then DDP's gloo group between them
-        self.placed = place(self.cfg.cluster, self.cfg.workers, DDPRank, self.name, self.cfg)
+        self.placed = place(self.job.cluster, self.job.workers, DDPRank, self.name, self.job)
         self.info = self.placed.info
         self._set_split([info["batch"] for info in self.info])
         master = self.info[0]["node_ip"]

@@ -27,9 +27,14 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_MNIST = Path(os.environ.get("HETBENCH_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
 
 
-def placed_workers(strategy_cls, cfg: dict, where: str) -> dict:
+def made(strategy_cls, cfg: Config):
+    """The strategy as the runner makes it for a row of `cfg`: given its Job, its settings typed."""
+    return strategy_cls(cfg.job(strategy_cls.name, strategy_cls.options))
+
+
+def placed_workers(strategy_cls, cfg: Config, where: str) -> dict:
     """Worker name -> `where` (node_id, dask_worker) as the strategy placed it; the strategy is closed."""
-    strategy = strategy_cls(cfg)
+    strategy = made(strategy_cls, cfg)
     try:
         strategy.start()
         return {w["name"]: w[where] for w in strategy.worker_info()}
@@ -105,7 +110,7 @@ UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
 
 
 def first_update(strategy_cls, cfg) -> torch.Tensor:
-    strategy = strategy_cls(cfg)
+    strategy = made(strategy_cls, cfg)
     try:
         strategy.start()
         strategy.reset(cfg.run.seed)

@@ -5,7 +5,7 @@ import signal
 
 import pytest
 
-from helpers import LABELLED, placed_workers, run_killing_a_worker, small_config
+from helpers import LABELLED, made, placed_workers, run_killing_a_worker, small_config
 from hetbench.errors import UserError
 from hetbench.strategies import dask_sync
 
@@ -44,7 +44,8 @@ def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, shared_cluster
         # one replica per Dask worker: a second `mac` worker has none to go to
         ("[{node: mac}, {node: mac}]", "1 Dask worker.s. advertise placement label 'mac' for 2 configured workers"),
     ]:
-        strategy = dask_sync.DaskSync(small_config(tmp_path, f"cluster.dask_scheduler={address}", f"workers={workers}"))
+        cfg = small_config(tmp_path, f"cluster.dask_scheduler={address}", f"workers={workers}")
+        strategy = made(dask_sync.DaskSync, cfg)
         try:
             with pytest.raises(UserError, match=message):
                 strategy.start()

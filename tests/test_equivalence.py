@@ -5,7 +5,7 @@ On the session's shared cluster: the fast tier's proof that every strategy compu
 import pytest
 import torch
 
-from helpers import UNEQUAL, check_first_update_is_the_union_batch_step, registered, small_config
+from helpers import UNEQUAL, check_first_update_is_the_union_batch_step, made, registered, small_config
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServerDriver
 
@@ -17,7 +17,7 @@ def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path,
 
 @pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
 def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, name, shared_cluster):
-    strategy = registry.load(name)(small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
+    strategy = made(registry.load(name), small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
     try:
         strategy.start()
         trained = []

@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from helpers import check_a_killed_worker_is_survived, registered, small_config
+from helpers import check_a_killed_worker_is_survived, made, registered, small_config
 from hetbench.errors import UserError
 from hetbench.runner import run
 from hetbench.scenarios import faults_for, skipped_features
@@ -88,7 +88,7 @@ def test_bad_faults_are_one_sentence(tmp_path, faults, message):
 @pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
 def test_a_worker_killed_while_steps_run_ahead_in_shared_memory_is_survived_without_waiting(tmp_path, name):
     # its gradient counter never moves: the server's wait and the survivor's wait for the weights must end
-    strategy = registry.load(name)(small_config(tmp_path, TWO, "dropout=0"))
+    strategy = made(registry.load(name), small_config(tmp_path, TWO, "dropout=0"))
     try:
         strategy.start()
         assert [i["transport"] for i in strategy.info] == ["shared memory"] * 2 and strategy.host is not None

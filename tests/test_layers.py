@@ -79,11 +79,12 @@ def test_no_module_imports_itself_back_in_a_circle():
     assert sorted(m for m in edges if reaches(m, m, set())) == []
 
 
-# The rooms that take a whole Config: where it is loaded, planned into rows, and run as a row (a
-# strategy, its workers' roles, a worker timed alone with a row's role). Every other one takes the
-# sections it needs (the cluster its ClusterConfig and the workers, the data and the loop the
-# RunConfig, the floor its FloorConfig) or the config as records keep it (a dict).
-TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios", "strategies", "standalone"}
+# The rooms that take a whole Config: where it is loaded, and planned into rows and run. A row's
+# strategy, its workers' roles and a worker timed alone take a Job (run, workers, cluster and the
+# strategy's own settings); every other room takes the sections it needs (the cluster its
+# ClusterConfig and the workers, the data and the loop the RunConfig, the floor its FloorConfig) or
+# the config as records keep it (a dict).
+TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios"}
 
 
 def test_only_the_rooms_that_run_a_row_take_the_whole_config():

@@ -2,13 +2,13 @@
 
 import torch
 
-from helpers import UNEQUAL, small_config
+from helpers import UNEQUAL, made, small_config
 from hetbench.strategies import registry
 
 
 def trained(name: str, cfg: dict, steps: int) -> list[torch.Tensor]:
     """The weights `name` reports at the start, then after each of its first `steps` steps."""
-    strategy = registry.load(name)(cfg)
+    strategy = made(registry.load(name), cfg)
     try:
         strategy.start()
         strategy.reset(cfg.run.seed)

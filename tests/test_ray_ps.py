@@ -10,7 +10,7 @@ import pytest
 import ray
 import torch
 
-from helpers import LABELLED, TINY, hetbench, placed_workers, run_killing_a_worker, sets, small_config
+from helpers import LABELLED, TINY, hetbench, made, placed_workers, run_killing_a_worker, sets, small_config
 from hetbench.cluster.nodes import DIRECT_PORT
 from hetbench.errors import UserError
 from hetbench.strategies import ray_ps
@@ -71,7 +71,7 @@ def test_the_servers_node_shares_memory_the_other_its_transport_and_the_update_s
 
 def trained(strategy_cls, cfg, steps: int = 3) -> tuple[torch.Tensor, dict]:
     """The weights after `steps` steps, each queued before the last one ended, and each worker's transport."""
-    strategy = strategy_cls(cfg)
+    strategy = made(strategy_cls, cfg)
     try:
         strategy.start()
         transports = {w["name"]: w.get("transport") for w in strategy.worker_info()}

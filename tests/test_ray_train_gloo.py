@@ -2,7 +2,7 @@
 
 import pytest
 
-from helpers import small_config
+from helpers import made, small_config
 from hetbench.config import WorkerConfig
 from hetbench.strategies.ray_train_gloo import RayTrainGloo, assign_ranks
 
@@ -17,7 +17,7 @@ def test_ranks_play_the_worker_labelled_for_their_node(tmp_path, shared_cluster)
         "repeats=1",
         "workers=[{name: m, node: mac, batch: 8}, {name: d, node: desktop, batch: 16}]",
     )
-    strategy = RayTrainGloo(cfg)
+    strategy = made(RayTrainGloo, cfg)
     try:
         strategy.start()
         placed = {w["name"]: (w["node_id"], w["batch"]) for w in strategy.worker_info()}

@@ -19,8 +19,8 @@ class Splittable(Strategy):
     rebalances = True
     start = reset = step = weights = worker_info = lambda *a: None
 
-    def __init__(self, cfg, batches):
-        super().__init__(cfg)
+    def __init__(self, job, batches):
+        super().__init__(job)
         self.info = [{"name": n, "batch": b} for n, b in zip("ab", batches)]
         self.batches, self.pushed = list(batches), []
 
@@ -33,7 +33,7 @@ def timings(*computes):
 
 
 def test_a_worker_3x_slower_gets_a_quarter_of_the_batch_and_the_rule_follows(tmp_path):
-    strategy = Splittable(small_config(tmp_path, "batch_size=64"), [32, 32])
+    strategy = Splittable(small_config(tmp_path, "batch_size=64").job(), [32, 32])
     strategy.rebalance(7, timings((0.10, 0.30), (0.11, 0.29), (0.10, 0.31)))
     assert strategy.batches == [48, 16] and strategy.pushed == [[48, 16]]
     assert strategy.shares == [0.75, 0.25]
@@ -42,7 +42,7 @@ def test_a_worker_3x_slower_gets_a_quarter_of_the_batch_and_the_rule_follows(tmp
 
 
 def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
-    strategy = Splittable(small_config(tmp_path, "batch_size=64"), [32, 32])
+    strategy = Splittable(small_config(tmp_path, "batch_size=64").job(), [32, 32])
     strategy.rebalance(3, timings((0.100, 0.102), (0.101, 0.100)))
     strategy.rebalance(5, timings((0.1, 0.0)))  # b finished no batch in the window (async): no speed for it
     assert strategy.batches == [32, 32] and strategy.pushed == [] and strategy.events == []

@@ -9,6 +9,7 @@ from helpers import (
     check_a_killed_worker_is_survived,
     check_first_update_is_the_union_batch_step,
     leftover_actors,
+    made,
     registered,
     small_config,
 )
@@ -83,7 +84,7 @@ def test_a_registered_class_must_be_a_strategy_of_that_name(tmp_path, monkeypatc
 @pytest.mark.parametrize("name", registered(lambda cls: cls.distributed))
 def test_a_label_no_node_has_fails_fast_naming_it(tmp_path, name, shared_cluster):
     cfg = small_config(tmp_path, *shared_cluster.overrides, "workers=[{node: laptop}]")
-    strategy = registry.load(name)(cfg)
+    strategy = made(registry.load(name), cfg)
     started = time.monotonic()
     try:
         with pytest.raises(UserError, match="advertises placement label 'laptop'"):

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from helpers import UNEQUAL, assert_one_line_error, sigterm_a_run, small_config
+from helpers import UNEQUAL, assert_one_line_error, made, sigterm_a_run, small_config
 from hetbench.strategies.dask_sync import DaskSync
 from hetbench.strategies.single import Single
 
@@ -66,7 +66,7 @@ def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_traj
 
 @pytest.mark.parametrize("strategy_cls", [Single, DaskSync])
 def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls, shared_cluster):
-    strategy = strategy_cls(small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
+    strategy = made(strategy_cls, small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
     try:
         strategy.start()
         strategy.reset(0)

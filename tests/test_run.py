@@ -215,7 +215,7 @@ def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
             return StepTiming({"w": 0.01}, comm_s=0.0, wait_s=0.0, total_s=0.01)
 
     cfg = small_config(tmp_path, "steps=3", "warmup_steps=1")
-    strategy = Recorder(cfg)
+    strategy = Recorder(cfg.job())
     strategy.thens = []
     with Progress("recorder", 4, 1) as bar:
         train_repeat(strategy, Schedule.of(cfg.run), 0, None, bar, seed=0, samples_per_step=cfg.run.batch_size)

@@ -13,7 +13,7 @@ def timed(monkeypatch):
     """measure_standalone's orders, in call order; each timing returns the call's number as both speeds."""
     orders: list[list[int]] = []
 
-    def measure(cfg, order=None):
+    def measure(job, order=None):
         orders.append(order)
         return {"a": [100.0 * len(orders)], "b": [10.0 * len(orders)]}
 
@@ -22,7 +22,7 @@ def timed(monkeypatch):
 
 
 def test_rows_run_back_to_back_share_the_timing_between_them_and_others_are_timed_anew(tmp_path, timed):
-    brackets = standalone.Brackets(small_config(tmp_path, "workers=[{name: a}, {name: b}]"), enabled=True)
+    brackets = standalone.Brackets(small_config(tmp_path, "workers=[{name: a}, {name: b}]").job(), enabled=True)
     assert brackets.before(judges=False) is False and timed == []  # the baseline: nobody timed
     assert brackets.before(judges=True) and len(timed) == 1  # the first judged row: timed before it
     assert brackets.after() == ({"a": [100.0], "b": [10.0]}, {"a": [200.0], "b": [20.0]})
@@ -35,7 +35,7 @@ def test_rows_run_back_to_back_share_the_timing_between_them_and_others_are_time
 
 
 def test_no_timings_where_the_run_wants_none(tmp_path, timed):
-    brackets = standalone.Brackets(small_config(tmp_path), enabled=False)
+    brackets = standalone.Brackets(small_config(tmp_path).job(), enabled=False)
     assert brackets.before(judges=True) is False and timed == []
 
 

@@ -4,7 +4,7 @@ import statistics
 
 import torch
 
-from helpers import UNEQUAL, small_config
+from helpers import UNEQUAL, made, small_config
 from hetbench.gradients import count_parameters, powersgd_fraction
 from hetbench.runner import run
 from hetbench.strategies import registry
@@ -14,7 +14,7 @@ from hetbench.workload import Net
 def weights_after(cfg, name: str, steps: list[int], before_step=None) -> list[torch.Tensor]:
     """Strategy `name`'s weights after each of `steps`, from a fresh start; `before_step(strategy, step)`
     runs before every step."""
-    strategy, weights = registry.load(name)(cfg), []
+    strategy, weights = made(registry.load(name), cfg), []
     try:
         strategy.start()
         strategy.reset(cfg.run.seed)
@@ -46,7 +46,7 @@ def test_a_resplit_keeps_every_step_the_single_device_step_on_the_union_batch(tm
 
 def test_a_slowed_rank_is_slowed_in_its_compute_and_the_fast_rank_waits_outside_its_own(tmp_path, shared_cluster):
     workers = "workers=[{name: fast, batch: 32}, {name: slow, batch: 32, slowdown: 4.0}]"
-    strategy = registry.load("torch-ddp")(small_config(tmp_path, workers, *shared_cluster.overrides))
+    strategy = made(registry.load("torch-ddp"), small_config(tmp_path, workers, *shared_cluster.overrides))
     try:
         strategy.start()
         strategy.reset(0)

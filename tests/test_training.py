@@ -39,7 +39,7 @@ def accuracy(taken: int, full: bool = False) -> float:
 def test_checks_go_fine_near_the_target_and_back_once_it_is_reached(tmp_path):
     settings = ["steps=60", "warmup_steps=0", "eval_every=10", "fine_eval_every=2", "fine_eval_within=0.15"]
     cfg = small_config(tmp_path, *settings, "target_accuracy=0.9")
-    strategy = Climbing(cfg)
+    strategy = Climbing(cfg.job())
     with Progress("climbing", 60, 1) as bar:
         result = train_repeat(strategy, Schedule.of(cfg.run), 0, accuracy, bar, seed=0, samples_per_step=64)
     # 0.8 at step 40 is within 0.15 of 0.9: every 2 steps until 0.92 at step 46, then every 10 again
@@ -55,7 +55,7 @@ def test_checks_go_fine_near_the_target_and_back_once_it_is_reached(tmp_path):
 
 def test_without_fine_checks_the_crossing_is_known_to_eval_every(tmp_path):
     cfg = small_config(tmp_path, "steps=60", "warmup_steps=0", "eval_every=10", "fine_eval_every=0")
-    strategy = Climbing(cfg)
+    strategy = Climbing(cfg.job())
     with Progress("climbing", 60, 1) as bar:
         result = train_repeat(strategy, Schedule.of(cfg.run), 0, accuracy, bar, seed=0, samples_per_step=64)
     assert [p["step"] for p in result["curve"]] == [10, 20, 30, 40, 50, 60]
