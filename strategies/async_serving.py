@@ -30,6 +30,7 @@ class ServingReplica(RayReplica):
     """A worker that computes batch after batch from whatever weights come down its channel."""
 
     loop: threading.Thread | None = None
+    stopping: threading.Event | None = None  # each loop's own, from start_loop
 
     def start_loop(self, first: int) -> None:
         """Start computing from weights version `first`; what comes later is newer, what came before
@@ -80,6 +81,14 @@ class ServingServer(RayServer):
         self.stopping = False
         self.lost: list[str] = []  # workers whose channel closed, until the driver is told
         self.failure: str | None = None  # why a serving thread failed, for the step that waits on it
+        # set by start_serving, for the repeat it serves:
+        self.batch_size = 0  # the global batch, which weighs each gradient's share
+        self.max_staleness = 0  # how many versions a worker may start ahead of the oldest in flight
+        self.update_first = True  # a worker's next weights include its own gradient
+        self.budget = 0  # samples' worth of gradients still to apply in this step (0: hold them)
+        self.started_from: dict[str, int] = {}  # worker name -> the version its batch in hand started from
+        self.parked_s: dict[str, float] = {}  # how long each worker was last held back by max_staleness
+        self.figures: dict = {}  # what the step's updates saw, until run_step hands it to the driver
 
     def _post(self, weights) -> None:
         """Down no channel yet: each worker is sent the weights it starts from, when it starts."""
@@ -95,8 +104,8 @@ class ServingServer(RayServer):
         a worker's next weights include its own gradient (else they leave before it is applied)."""
         self.batch_size, self.max_staleness, self.update_first = batch_size, max_staleness, update_first
         self.stopping, self.budget, self.failure = False, 0, None
-        self.started_from = {name: self.send_to(name)[1] for name in self.channels}  # in flight: their version
-        self.parked_s: dict[str, float] = {}  # how long each worker was last held back by max_staleness
+        self.started_from = {name: self.send_to(name)[1] for name in self.channels}
+        self.parked_s = {}
         self._clear()
         self.threads = [threading.Thread(target=self._serve, args=item, daemon=True) for item in self.channels.items()]
         for thread in self.threads:

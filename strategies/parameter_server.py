@@ -17,6 +17,7 @@ import torch
 
 from hetbench.clock import now
 from hetbench.cluster.place import place
+from hetbench.config import Job
 from hetbench.errors import WorkersLost
 from hetbench.floor import PS_FLOOR_NAME
 from hetbench.gradients import batch_shares
@@ -35,6 +36,17 @@ class ParameterServerDriver(Strategy, HandsOff):
     floor_transfers = 2.0  # the gradient up, then the weights down
     floor_name = PS_FLOOR_NAME
     survives_worker_loss = resumable = rebalances = True
+
+    def __init__(self, job: Job) -> None:
+        super().__init__(job)
+        self.slots: list[int | None] = []  # per live worker: its slot in the shared memory, or None
+        self.direct: list[bool] = []  # per live worker: whether it has a channel of its own to the server
+        self.newest = None  # a handle of the newest weights, as the workers are given them
+        self.ahead: tuple | None = None  # (step, its ticket, {rank: call}) queued before the runner asked for it
+        self.calls: list[tuple] = []  # the step's calls, per worker: handles of (gradient, compute seconds)
+        self.update = None  # the step's update, once called: handles of (new weights, its seconds)
+        self.pending: list = []  # every handle of the step's attempt, settled if a worker is lost
+        self.ended = 0.0  # when the last step ended: a step queued ahead is timed from there
 
     def start(self) -> None:
         self.batches = [w.batch for w in self.job.workers]
@@ -79,8 +91,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         return set()
 
     def reset(self, seed: int) -> None:
-        # self.newest: a handle of the newest weights, as the workers are given them
-        self.ahead = None  # (step, its ticket, {rank: call}) queued before the runner asked for the step
+        self.ahead = None
         self.newest = self.placed.coordinator_call("reset", self.job, seed)
         self.placed.results([self.newest, *self._each("reset", seed)], "resetting")
 

@@ -30,11 +30,16 @@ NAME = "ray-localsgd"
 
 
 class LocalReplica(RayReplica):
+    # from reset:
+    optimizer: torch.optim.Optimizer  # the inner one, stepping my replica between exchanges
+    round_start: torch.Tensor  # my weights where the round began: my delta is taken from them
+    taken: tuple[int, float] | None  # the last step my replica took, and its seconds
+
     def reset(self, seed: int) -> None:
         super().reset(seed)
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
         self.round_start = self.flat.params.detach().clone()
-        self.taken: tuple[int, float] | None = None  # the last step my replica took, and its seconds
+        self.taken = None
 
     def inner(self, weights: list | None, step: int) -> float:
         """(1) my slice of global batch `step` on my own replica, then my optimizer's step; at a
@@ -63,6 +68,8 @@ class LocalSGDOptions(RayPsOptions):
 
 
 class OuterServer(RayServer):
+    optimizer: torch.optim.SGD  # from reset: the outer one
+
     def reset(self, job: Job, seed: int) -> list:
         weights = super().reset(job, seed)
         # (3) the outer optimizer, stepping with the weighted deltas as its gradient
@@ -92,6 +99,8 @@ class RayLocalSGD(RayParameterServer):
         super().__init__(job)
         self.every = self.exchange_every = self.settings.sync_every
         self.floor_transfers = 2.0 / self.every  # ray-ps's two transfers, once a round
+        self.in_round = 0  # steps taken in this round
+        self.new_round = True  # the next step starts a round: the replicas are given the server's weights
 
     @classmethod
     def check_options(cls, options: LocalSGDOptions) -> None:

@@ -53,19 +53,24 @@ class RayParameterServerAsync(RayParameterServer):
         self.staleness: list[int] = []  # versions behind, per applied gradient, over every repeat
         self.serving = False  # the server and the workers' loops are running (async_serving.py)
         self.at_step = 0  # the last step served: where a loss the server saw after it is filed
+        self.version = 0  # updates applied this repeat (the driver's path)
+        self.next_batch: list[int] = []  # per live worker: the next of its own stream of slices
+        self.parked: list[int] = []  # ranks max_staleness holds back (the driver's path)
+        self.parked_at: dict[int, float] = {}  # rank -> when its batch was applied, until it is given its next
+        # the server serves the workers itself (every worker has a channel of its own): fixed at
+        # start, as a loss later must not switch a repeat from one path to the other
+        self.served = False
 
     def start(self) -> None:
         super().start()
-        self.served = all(self.direct)  # every worker has its own channel: the server serves them
+        self.served = all(self.direct)
 
     def reset(self, seed: int) -> None:
         self._stop()
         super().reset(seed)
         self.version = 0
         self.next_batch = [0] * len(self.info)  # each worker reads its own stream of slices
-        self.in_flight = {}
-        self.parked: list[int] = []
-        self.parked_at: dict[int, float] = {}  # rank -> when its batch was applied, until it is given its next
+        self.in_flight, self.parked, self.parked_at = {}, [], {}
         if self.served:  # (2a) each worker's first weights down its channel; from then on it loops
             options = (self.settings.max_staleness, self.settings.update_first)
             first = self._server("start_serving", self.job.run.batch_size, *options)

@@ -153,6 +153,9 @@ class RayTrainGloo(Strategy):
         self.fit: threading.Thread | None = None
         self.held: tuple | None = None  # the (repeat, step) the ranks wait at, until the driver evaluated
         self.snapshot = None  # the weights rank 0 sent with the latest step: at the steps it checks, else None
+        self.failure: BaseException | None = None  # what ended Ray Train's fit, for the next wait to report
+        self.starts = 0  # how often Ray Train started the group (a restart after a lost rank adds one)
+        self.repeat = 0  # the repeat the ranks run now
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -182,7 +185,6 @@ class RayTrainGloo(Strategy):
                 failure_config=FailureConfig(max_failures=self.settings.max_failures),
             ),
         )
-        self.failure: BaseException | None = None
         self.fit = threading.Thread(target=self._fit, args=(trainer,), daemon=True)
         self.fit.start()
         self.starts = 1

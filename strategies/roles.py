@@ -11,7 +11,7 @@ import torch
 
 from hetbench.clock import cpu_wait, now
 from hetbench.cluster.processes import peak_rss_mb
-from hetbench.config import Job
+from hetbench.config import Job, WorkerConfig
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
@@ -25,10 +25,25 @@ class Replica:
     """One configured worker's model copy and training data, inside the worker's own process.
 
     Every strategy that computes on remote workers runs this: the device is resolved here, on
-    the worker's node, never on the driver.
+    the worker's node, never on the driver. Ray and Dask make a role without arguments: `setup` is
+    its constructor, and `reset` begins each repeat.
     """
 
+    # from setup:
+    job: Job  # the row's
+    rank: int  # my place among the live workers
+    spec: WorkerConfig  # my configured worker
+    batches: list[int]  # every live worker's samples per step, in rank order
+    device: torch.device
+    images: torch.Tensor  # the training split, on my device
+    labels: torch.Tensor
+    # from reset:
+    seed: int
+    order: BatchOrder  # the global batches' sample indices
+    flat: FlatModel  # my model copy and its flat gradient
+    # from attach, where I share the server's host:
     shared: HostBuffers | None = None
+    slot = 0  # my gradient's slot there
     returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
 
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
@@ -158,9 +173,13 @@ class Replica:
 
 
 class ParameterServer:
-    """Master weights and the optimizer, on CPU (a Ray actor in ray-ps, the client in dask-sync)."""
+    """Master weights and the optimizer, on CPU (a Ray actor in ray-ps, the client in dask-sync).
+    `reset` makes them for each repeat."""
 
-    shared: HostBuffers | None = None
+    shared: HostBuffers | None = None  # from share_with, where workers share my host
+    wire: str  # what the weights travel in
+    flat: FlatModel
+    optimizer: torch.optim.Optimizer
 
     def share_with(self, job: Job, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""

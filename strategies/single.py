@@ -25,6 +25,8 @@ from hetbench.workload import build_optimizer
 class OneDevice(Replica):
     """The baseline's process: one worker's node, device and thread budget; its slice is the whole batch."""
 
+    optimizer: torch.optim.Optimizer  # from reset
+
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
         info = super().setup(job, rank, threads_share)
         self.batches, self.rank = [job.run.batch_size], 0

@@ -45,6 +45,14 @@ class DDPRank(Replica):
     """One rank: a worker's process, device and slice, in DDP's gloo group."""
 
     powersgd_rank: int | None = None  # set by compress(): PowerSGD's rank, or None for the plain bucket
+    # from reset:
+    ddp: DistributedDataParallel  # my model in DDP, whose comm hook is _allreduce
+    staging: dict[int, torch.Tensor]  # bucket index -> its CPU buffer, reused every step
+    powersgd: PowerSGDState | None  # PowerSGD's state (its error feedback), where it compresses
+    optimizer: torch.optim.Optimizer
+    # within a step, for _allreduce:
+    computed = 0.0  # my compute's seconds so far
+    started: tuple[float, float] = (0.0, 0.0)  # clock_in of my compute since the last bucket
 
     def free_port(self, host: str) -> int:
         return free_port(host)

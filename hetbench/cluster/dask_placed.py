@@ -50,7 +50,9 @@ class DaskPlaced(Placed):
         self.joined = bool(cluster.dask_scheduler)
         self.client = None  # Dask's client, once started
         self.local = None  # the LocalCluster this started, where none was joined
+        self.addresses: list[str] = []  # the Dask worker each rank's actor lives on, in rank order
         self.actors: list = []
+        self.coordinator = None  # the coordinator's role, in this process, once started
 
     def start(self, role: type, coordinator: type | None) -> None:
         from distributed import Client, LocalCluster

@@ -53,6 +53,9 @@ class LocalMultinode:
         self.node_args: dict[str, list[str]] = {}  # label -> its `ray start` arguments
         self.cut: set[str] = set()  # labels whose link a fault cut
         self.links: dict[str, Link] = {}
+        self.head_ip: str | None = None  # once started: where the head's Ray node and the scheduler listen
+        self.ray_address: str | None = None
+        self.dask_scheduler: str | None = None
         self.temp_dir = tempfile.mkdtemp(prefix="hbmn-")
         # Token auth on, with this process's own token; the driver joins with it too.
         self.env = {

@@ -26,6 +26,7 @@ class RayPlaced(Placed):
         self.timeout_s = cluster.step_timeout_s
         self.joined = bool(cluster.ray_address)
         self.connection = None  # Ray, joined or started (ray_connection.connect), once started
+        self.driver_node: str | None = None  # the Ray node this process runs on, once started
         self.actors: list = []  # the workers' host actors, in rank order
         self.coordinator = None  # the parameter server's host actor, on the driver's node
 
