@@ -115,7 +115,8 @@ def train_loop(config: dict) -> None:
                     rank.resplit(split, index)
             step_s = now(rank.device) - start
             evaluated = schedule.evaluates(repeat, step, near)
-            timing = {"compute_s": own_s, "comm_s": step_s - own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}
+            # the driver makes the step's timing of them (StepTiming.synchronous), as for torch-ddp
+            timing = {"compute_s": own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}
             if split is not None and world_rank == 0:
                 timing["split"] = {w.name: b for w, b in zip(job.workers, split)}
             weights = rank.weights().numpy() if evaluated and world_rank == 0 else None
