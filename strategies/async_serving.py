@@ -14,16 +14,22 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Iterable
 
 import numpy as np
 
-from hetbench.gradients import from_wire, to_wire
 from hetbench.strategies.ray_ps import RayReplica, RayServer
 from hetbench.strategies.roles import ParameterServer
 from hetbench.transport.direct import Silent
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2  # how long a loop waits on its channel before it looks whether it was told to stop
+
+
+def too_far_ahead(version: int, in_flight: Iterable[int], max_staleness: int) -> bool:
+    """Bounded staleness: whether a batch started from weights `version` now would run more than
+    `max_staleness` versions ahead of the oldest batch still in flight (`in_flight`: their versions)."""
+    return version - min(in_flight, default=version) > max_staleness
 
 
 class ServingReplica(RayReplica):
@@ -51,7 +57,7 @@ class ServingReplica(RayReplica):
         super().retire()
 
     def _loop(self, first: int) -> None:
-        step, returned_at = 0, None  # my own stream of slices; when my last gradient left
+        step = 0  # my own stream of slices
         while not self.stopping.is_set():
             try:  # (2a) the weights I start from, tagged with their version
                 version, weights = self.channel.receive_tagged(first, POLL_S)
@@ -59,14 +65,13 @@ class ServingReplica(RayReplica):
                 continue
             except ConnectionError:  # the server closed my channel: the row is over
                 return
-            started = time.perf_counter()
-            idle_s = started - returned_at if returned_at is not None else math.nan
+            idle_s = self.idle_s()
             # (1) my slice of my next batch; (2b) my gradient up, after what the server needs to weigh it
-            self.flat.load_params(from_wire(weights))
-            compute_s = self.local_step(step)
-            self.channel.post(version, np.array([compute_s, idle_s, self.batches[self.rank]]))
-            self.channel.post(version, to_wire(self.flat.grads, self.job.run.wire_dtype).copy())
-            returned_at, step = time.perf_counter(), step + 1
+            gradient, compute_s = self.gradient_at(weights, step)
+            idle = math.nan if idle_s is None else idle_s
+            self.channel.post(version, np.array([compute_s, idle, self.batches[self.rank]]))
+            self.channel.post(version, gradient.copy())  # posted: my buffer is the next batch's
+            self.returned_at, step = time.perf_counter(), step + 1
 
 
 class ServingServer(RayServer):
@@ -185,9 +190,7 @@ class ServingServer(RayServer):
     def _send_next(self, name: str) -> None:
         """Bounded staleness first: `name` starts again at most max_staleness versions ahead of the slowest."""
         parked = time.perf_counter()
-        while not self.stopping and self.version - min(self.started_from.values(), default=self.version) > (
-            self.max_staleness
-        ):
+        while not self.stopping and too_far_ahead(self.version, self.started_from.values(), self.max_staleness):
             self.turn.wait()
         self.parked_s[name] = time.perf_counter() - parked
         if not self.stopping:

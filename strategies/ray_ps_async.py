@@ -21,7 +21,7 @@ from hetbench.clock import now
 from hetbench.config import Job, setting
 from hetbench.errors import RunFailed, WorkersLost
 from hetbench.step_timing import StepTiming
-from hetbench.strategies.async_serving import ServingReplica, ServingServer
+from hetbench.strategies.async_serving import ServingReplica, ServingServer, too_far_ahead
 from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions
 
 
@@ -170,8 +170,8 @@ class RayParameterServerAsync(RayParameterServer):
             self._lose(ranks, step)
 
     def _too_far_ahead(self) -> bool:
-        oldest = min((v for _, v, *_ in self.in_flight.values()), default=self.version)
-        return self.version - oldest > self.settings.max_staleness
+        started_from = (v for _, v, *_ in self.in_flight.values())
+        return too_far_ahead(self.version, started_from, self.settings.max_staleness)
 
     def record_extras(self) -> dict:
         counts: dict[int, int] = {}

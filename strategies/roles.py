@@ -95,26 +95,37 @@ class Replica:
         comes back is the slot's number. With a `ticket` the slot's counter says so too, and with
         `after` I first wait for that weights version (no call of anyone's orders mine then).
         """
+        if not self.shared:
+            return self.gradient_at(weights, step)
         if after is not None:
             self.shared.wait_weights(after)
-        self.flat.load_params(self.shared.weights if self.shared else from_wire(weights))
+        self.flat.load_params(self.shared.weights)
         compute_s = self.local_step(step)
-        if self.shared:
-            self.shared.gradient(self.slot).copy_(self.flat.grads)
-            if ticket is not None:
-                self.shared.publish_gradient(self.slot, ticket)
-            return self.slot, compute_s
+        self.shared.gradient(self.slot).copy_(self.flat.grads)
+        if ticket is not None:
+            self.shared.publish_gradient(self.slot, ticket)
+        return self.slot, compute_s
+
+    def gradient_at(self, weights, step: int) -> tuple:
+        """By value: (2a) load `weights` (wire dtype), (1) forward+backward on my slice of global
+        batch `step`; (2b) my gradient in the wire dtype (it may be my gradient buffer itself), and
+        the compute's seconds."""
+        self.flat.load_params(from_wire(weights))
+        compute_s = self.local_step(step)
         return to_wire(self.flat.grads, self.job.run.wire_dtype), compute_s
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
         """As `compute`, and the seconds since my previous one handed its gradient back: my gradient's
         way up, its update and the new weights' way down, all that kept me from computing (ray-ps-async's
         overhead); None for a repeat's first. One clock, this process's, at both ends."""
-        started = time.perf_counter()  # my weights have arrived (a launcher that fetches them does so first)
-        idle_s = started - self.returned_at if self.returned_at is not None else None
+        idle_s = self.idle_s()  # my weights have arrived (a launcher that fetches them does so first)
         gradient, compute_s = self.compute(weights, step, ticket)
         self.returned_at = time.perf_counter()
         return gradient, (compute_s, idle_s)
+
+    def idle_s(self) -> float | None:
+        """Seconds since my last gradient left (`returned_at`); None for a repeat's first."""
+        return time.perf_counter() - self.returned_at if self.returned_at is not None else None
 
     def alone(self, steps: int, warmup: int) -> float:
         """This worker training alone on the whole global batch (forward, backward, update): samples/s."""

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import small_config
-from hetbench.strategies.async_serving import ServingServer
+from hetbench.strategies.async_serving import ServingServer, too_far_ahead
 from hetbench.transport.direct import Channel, Listener, Silent, hello
 
 BATCHES = {"big": 40, "small": 24}  # a global batch of 64
@@ -113,3 +113,10 @@ def test_a_failing_update_ends_the_step_at_once_with_its_reason(served):
     server, _, _ = start(served, big=7, small=7)  # gradients of the wrong size
     step = server.run_step(64, timeout_s=60)
     assert not step["done"] and "failed: ValueError: a gradient of 7 values" in step["failure"]
+
+
+def test_the_staleness_bound_the_server_and_the_driver_share():
+    assert not too_far_ahead(5, [], max_staleness=0)  # nothing in flight: nobody to run ahead of
+    assert not too_far_ahead(5, [4, 5], max_staleness=1)
+    assert too_far_ahead(5, [3, 5], max_staleness=1)  # the oldest batch in flight started 2 versions back
+    assert not too_far_ahead(5, [3, 5], max_staleness=2)
