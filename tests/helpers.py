@@ -232,6 +232,7 @@ def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
         "floor.enabled=false",
         "repeats=1",
         "checkpoint_every=3",
+        "cluster.step_timeout_s=120",  # a stuck step or restart fails the row with its reason, inside pytest's bound
     )
     single, faulted = json.loads(run(cfg).path.read_text())
     assert faulted["status"] == "ok", faulted.get("reason")
