@@ -69,7 +69,7 @@ class ServingReplica(RayReplica):
             # (1) my slice of my next batch; (2b) my gradient up, after what the server needs to weigh it
             gradient, compute_s = self.gradient_at(weights, step)
             idle = math.nan if idle_s is None else idle_s
-            self.channel.post(version, np.array([compute_s, idle, self.batches[self.rank]]))
+            self.channel.post(version, np.array([compute_s, idle, self.samples]))
             self.channel.post(version, gradient.copy())  # posted: my buffer is the next batch's
             self.returned_at, step = time.perf_counter(), step + 1
 

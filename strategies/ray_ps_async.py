@@ -49,7 +49,7 @@ class RayParameterServerAsync(RayParameterServer):
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
-        self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, batch)
+        self.in_flight: dict = {}  # gradient handle -> (rank, version it started from, compute handle, parked s)
         self.staleness: list[int] = []  # versions behind, per applied gradient, over every repeat
         self.serving = False  # the server and the workers' loops are running (async_serving.py)
         self.at_step = 0  # the last step served: where a loss the server saw after it is filed
@@ -87,7 +87,7 @@ class RayParameterServerAsync(RayParameterServer):
             weights, ticket = self.placed.coordinator_call("send_to", self.info[rank]["name"]), self._next_ticket()
         call = self.placed.call(rank, "compute_after_idle", weights, self.next_batch[rank], ticket, returns=2)
         self.next_batch[rank] += 1
-        self.in_flight[call[0]] = (rank, self.version, call[1], self.batches[rank], parked_s)
+        self.in_flight[call[0]] = (rank, self.version, call[1], parked_s)
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
         if self.served:
@@ -100,9 +100,9 @@ class RayParameterServerAsync(RayParameterServer):
             ready, _ = ray.wait(list(self.in_flight), num_returns=1, timeout=self.job.cluster.step_timeout_s)
             if not ready:
                 raise RunFailed(f"{self.name}: no worker finished a batch at step {step}")
-            rank, started_at, timing, batch, parked_s = self.in_flight.pop(ready[0])
+            rank, started_at, timing, parked_s = self.in_flight.pop(ready[0])
             try:
-                compute_s, idle_s = self.placed.results([timing], f"step {step}", True)[0]
+                compute_s, idle_s, batch = self.placed.results([timing], f"step {step}", True)[0]
             except WorkersLost as e:  # its gradient never came: go on with the others
                 self.placed.succeeded(ready[0])
                 self._lose(e.ranks, step)
@@ -112,7 +112,7 @@ class RayParameterServerAsync(RayParameterServer):
                 idles.append(max(0.0, idle_s - parked_s))
                 parks.append(parked_s)
             # (2) (3) ... has its gradient applied at once, scaled by its share of the global batch
-            share = batch / self.job.run.batch_size  # the batch it computed on, even if re-split since
+            share = batch / self.job.run.batch_size  # the samples it computed on, even if re-split since
             self.newest, _ = self.placed.coordinator_call("apply", [share], ready[0], returns=2)
             self.staleness.append(self.version - started_at)
             self.version += 1

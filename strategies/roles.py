@@ -45,6 +45,7 @@ class Replica:
     shared: HostBuffers | None = None
     slot = 0  # my gradient's slot there
     returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
+    samples = 0  # how many samples my last gradient was computed on (a re-split may land after it)
 
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
         configure_threads(job.run.threads, threads_share)
@@ -115,13 +116,14 @@ class Replica:
         return to_wire(self.flat.grads, self.job.run.wire_dtype), compute_s
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
-        """As `compute`, and the seconds since my previous one handed its gradient back: my gradient's
+        """As `compute`, with the seconds since my previous one handed its gradient back: my gradient's
         way up, its update and the new weights' way down, all that kept me from computing (ray-ps-async's
-        overhead); None for a repeat's first. One clock, this process's, at both ends."""
+        overhead); None for a repeat's first. One clock, this process's, at both ends. And the samples
+        the gradient is of, which its weight must follow."""
         idle_s = self.idle_s()  # my weights have arrived (a launcher that fetches them does so first)
         gradient, compute_s = self.compute(weights, step, ticket)
         self.returned_at = time.perf_counter()
-        return gradient, (compute_s, idle_s)
+        return gradient, (compute_s, idle_s, self.samples)
 
     def idle_s(self) -> float | None:
         """Seconds since my last gradient left (`returned_at`); None for a repeat's first."""
@@ -155,6 +157,7 @@ class Replica:
 
     def compute_gradient(self, step: int) -> None:
         images, labels = self.my_batch(step)
+        self.samples = len(labels)
         self.flat.zero_grad()
         forward_backward(self.flat.model, images, labels)
 
