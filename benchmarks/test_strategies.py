@@ -133,7 +133,7 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
         else balanced(cluster_cfg, balance, standalone(cluster_cfg, key) if balance == "auto" else None)
     )
     cls = load(strategy_name)
-    strategy = cls(cfg.job(strategy_name, cls.options))
+    strategy = cls(cfg.job(strategy_name))
     timings: list[StepTiming] = []
     try:
         strategy.start()  # startup stays outside the timed rounds

@@ -159,8 +159,8 @@ class Config:
     cluster: ClusterConfig = ClusterConfig()
     link: LinkConfig = LinkConfig()
     floor: FloorConfig = FloorConfig()
-    # strategy name -> its own settings, checked by its options dataclass and kept as plain values
-    # (what records keep); Config.job types the row's strategy's own
+    # strategy name -> its own settings, checked by its options dataclass and kept as plain values:
+    # what records keep, and what crosses to workers in a Job (they need no strategy module to read it)
     options: dict[str, dict] = field(default_factory=dict)
 
     def as_dict(self) -> dict:
@@ -173,11 +173,9 @@ class Config:
     def with_workers(self, workers) -> Config:
         return replace(self, workers=tuple(workers))
 
-    def job(self, strategy: str | None = None, options: type | None = None) -> Job:
-        """What strategy `strategy` is given, its settings typed by its `options` dataclass (none: a
-        worker timed alone, the run's processes started once)."""
-        settings = options(**self.options.get(strategy, {})) if options else None
-        return Job(self.run, self.workers, self.cluster, settings)
+    def job(self, strategy: str | None = None) -> Job:
+        """What strategy `strategy` is given (none: a worker timed alone, the run's processes started once)."""
+        return Job(self.run, self.workers, self.cluster, dict(self.options.get(strategy, {})))
 
 
 @dataclass(frozen=True)
@@ -188,7 +186,7 @@ class Job:
     run: RunConfig = RunConfig()  # the data, the model, the optimizer, the batch and the schedule
     workers: tuple[WorkerConfig, ...] = (WorkerConfig(name="w0"),)  # the row's split among them
     cluster: ClusterConfig = ClusterConfig()  # where the processes are placed, and the step's bound
-    settings: Any = None  # the strategy's own options (Strategy.options), typed; None where it has none
+    options: dict[str, Any] = field(default_factory=dict)  # the strategy's own settings (Strategy.settings types them)
 
 
 def yaml_shape(run: dict, workers: list[dict], sections: dict[str, dict]) -> dict:

@@ -49,7 +49,7 @@ def run_strategy(
         cls = registry.load(name)
     except ImportError as e:
         return {**base, "status": "skipped", "reason": str(e), "workers": []}
-    strategy, schedule = cls(cfg.job(name, cls.options)), Schedule.of(cfg.run)
+    strategy, schedule = cls(cfg.job(name)), Schedule.of(cfg.run)
     faults, notes = faults_for(cls, cfg), skipped_features(cls, cfg)
     saved = checkpoints.load(scenario.key) if checkpoints else None
     if saved:

@@ -51,7 +51,7 @@ class Strategy(ABC):
 
     # This strategy's own settings: a frozen dataclass of config.setting() fields (a default and a
     # one-line doc each). They live under the strategy's name in a config (e.g. `ray-ps-async:
-    # {max_staleness: 1}`); config.py checks them, and the strategy's Job carries them typed.
+    # {max_staleness: 1}`); config.py checks them, its Job carries them, and `settings` has them typed.
     options: ClassVar[type | None] = None
     # A sentence for the tables' legend, shown where this strategy has a row.
     table_note: ClassVar[str] = ""
@@ -62,7 +62,7 @@ class Strategy(ABC):
 
     def __init__(self, job: Job) -> None:
         self.job = job
-        self.settings = job.settings  # its own options, typed (see `options` above)
+        self.settings = self.options(**job.options) if self.options else None  # typed once, here
         self.wire_dtype = job.run.wire_dtype  # what its transfers travel in (torch-ddp's PowerSGD: float32)
         self.events: list[dict] = []  # what was lost, when, and the split that went on
         self.lost: list[dict] = []  # worker_info of the lost workers, with lost_at_step

@@ -73,7 +73,7 @@ class OuterServer(RayServer):
     def reset(self, job: Job, seed: int) -> list:
         weights = super().reset(job, seed)
         # (3) the outer optimizer, stepping with the weighted deltas as its gradient
-        outer = job.settings
+        outer = LocalSGDOptions(**job.options)
         self.optimizer = torch.optim.SGD(
             self.flat.optimizer_params(),
             lr=outer.outer_lr,

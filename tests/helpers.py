@@ -28,8 +28,8 @@ SHARED_MNIST = Path(os.environ.get("HETBENCH_DATA_DIR") or REPO.parent / "shared
 
 
 def made(strategy_cls, cfg: Config):
-    """The strategy as the runner makes it for a row of `cfg`: given its Job, its settings typed."""
-    return strategy_cls(cfg.job(strategy_cls.name, strategy_cls.options))
+    """The strategy as the runner makes it for a row of `cfg`: given its Job."""
+    return strategy_cls(cfg.job(strategy_cls.name))
 
 
 def placed_workers(strategy_cls, cfg: Config, where: str) -> dict:

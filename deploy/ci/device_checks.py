@@ -75,7 +75,7 @@ def ddp(device: torch.device) -> None:
         workers = f"workers=[{{name: a, batch: 40, device: {device}}}, {{name: b, batch: 24, device: {device}}}]"
         cfg = load_config(None, [workers, "dropout=0", "download=false", f"results_dir={results}"], registry.declared())
         made = {name: registry.load(name) for name in (registry.BASELINE, "torch-ddp")}
-        weights = {name: five_steps(cls(cfg.job(name, cls.options))) for name, cls in made.items()}
+        weights = {name: five_steps(cls(cfg.job(name))) for name, cls in made.items()}
     gap = (weights["torch-ddp"] - weights[registry.BASELINE]).abs().max().item()
     assert gap < 1e-4, f"torch-ddp's weights differ from single's by {gap:.2e} after 5 steps"
     print(f"ok: torch-ddp on two {device} workers = single on {device} after 5 steps (largest gap {gap:.1e})")
