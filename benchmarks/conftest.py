@@ -10,6 +10,7 @@ The JSON lands in results/raw/benchmark-<time>.json unless --benchmark-json says
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from hetbench.cluster.ray_connection import use_ray_defaults
+from hetbench.errors import INTERRUPTED, interrupt
 
 use_ray_defaults()  # as the CLI does, before any benchmark's Ray reads them
 
@@ -34,10 +36,19 @@ def pytest_addoption(parser):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    # SIGTERM (a kill, the test that runs this suite giving up) unwinds as Ctrl-C does, through the
+    # shared clusters' teardown; by default it ends the process at once, and they outlive it
+    signal.signal(signal.SIGTERM, interrupt)
     if config.getoption("benchmark_json", None) is None and not config.getoption("benchmark_disable", False):
         raw = REPO / "results" / "raw"
         raw.mkdir(parents=True, exist_ok=True)
         config.option.benchmark_json = raw / f"benchmark-{time.strftime('%Y%m%d-%H%M%S')}.json"
+
+
+def pytest_runtest_logfinish(nodeid, location):
+    # the KeyboardInterrupt can land where Python swallows it (a gc callback, a __del__): stop anyway
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt("SIGTERM")
 
 
 def pytest_benchmark_update_machine_info(config, machine_info):

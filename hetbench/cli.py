@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from hetbench.cluster.nodes import HEAD_DASK_PORT, HEAD_RAY_PORT
 from hetbench.cluster.ray_connection import use_ray_defaults
-from hetbench.errors import INTERRUPTED, RunFailed, UserError
+from hetbench.errors import INTERRUPTED, RunFailed, UserError, interrupt
 
 EXIT_BAD_INPUT = 2
 
@@ -190,11 +190,6 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _interrupt(signum, frame):
-    INTERRUPTED.set()
-    raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every cluster and namespace is stopped on the way out
-
-
 def _unraisable(unraisable, default=sys.__unraisablehook__) -> None:
     # An interrupt landing in a finalizer is dropped by Python; the runner stops on INTERRUPTED instead,
     # so the user sees one line, not a traceback.
@@ -229,7 +224,7 @@ def configure_logging(verbose: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
     sys.unraisablehook = _unraisable
     use_ray_defaults()
     configure_logging(args.verbose)

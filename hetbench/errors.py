@@ -3,10 +3,21 @@
 import logging
 import threading
 
-# Set by the SIGTERM handler (cli.py), which also raises KeyboardInterrupt. Python ignores an
+# Set by the SIGTERM handler (`interrupt`), which also raises KeyboardInterrupt. Python ignores an
 # exception raised while it runs a __del__ or a callback ("Exception ignored in"), and a signal
 # can land there (it did in CI: the run trained on); the runner checks this between steps.
 INTERRUPTED = threading.Event()
+
+
+def interrupt(signum, frame) -> None:
+    """SIGTERM's handler (a kill, CI's `timeout`) in the CLI and in test sessions: unwind as Ctrl-C
+    does, through every `finally` that stops a cluster or a namespace (by default SIGTERM ends the
+    process at once, and its clusters outlive it). A second one while that runs is ignored (`timeout`
+    passes its own on): it must not cut the stopping short."""
+    if INTERRUPTED.is_set():
+        return
+    INTERRUPTED.set()
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def stop_if_interrupted() -> None:

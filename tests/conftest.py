@@ -17,6 +17,7 @@ import pytest
 
 from helpers import REPO, SHARED_MNIST, CliResult
 from hetbench.cluster.ray_connection import use_ray_defaults
+from hetbench.errors import INTERRUPTED, interrupt
 
 use_ray_defaults()  # as the CLI does, before any test's Ray reads them
 
@@ -25,26 +26,16 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run the slow tier (@pytest.mark.slow)")
 
 
-_terminated: list[int] = []  # the SIGTERM this session was sent, once it was
-
-
 def pytest_configure(config):
     # SIGTERM (CI's `timeout`, a kill) ends the session as Ctrl-C does: through every fixture's
-    # teardown and helpers.stop_child. By default it ends the process at once, and clusters outlive it.
-    signal.signal(signal.SIGTERM, _interrupted)
-
-
-def _interrupted(signum, frame):
-    if _terminated:  # a second one (`timeout` passing on its own) must not cut the teardown short
-        return
-    _terminated.append(signum)
-    raise KeyboardInterrupt(f"signal {signum}")
+    # teardown and helpers.stop_child
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def pytest_runtest_logfinish(nodeid, location):
     # the KeyboardInterrupt can land where Python swallows it (a gc callback, a __del__): stop anyway
-    if _terminated:
-        raise KeyboardInterrupt(f"signal {_terminated[0]}")
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt("SIGTERM")
 
 
 def pytest_collection_modifyitems(config, items):

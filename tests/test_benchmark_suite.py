@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
+from helpers import run_child
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_short_suite_writes_json_with_figures_that_pytest_benchmark_compare_reads(tmp_path):
     out = tmp_path / "bench.json"
-    run = subprocess.run(
+    run = run_child(
         [
             sys.executable,
             "-m",
@@ -27,9 +27,6 @@ def test_short_suite_writes_json_with_figures_that_pytest_benchmark_compare_read
             "short",
             f"--benchmark-json={out}",
         ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
         timeout=560,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]

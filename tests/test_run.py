@@ -156,12 +156,12 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
     import signal
     import sys
 
-    from hetbench.cli import _interrupt, _unraisable
-    from hetbench.errors import INTERRUPTED
+    from hetbench.cli import _unraisable
+    from hetbench.errors import INTERRUPTED, interrupt
 
     class Finalized:  # a signal landing in a finalizer: Python prints "Exception ignored" and goes on
         def __del__(self):
-            _interrupt(signal.SIGTERM, None)
+            interrupt(signal.SIGTERM, None)
 
     swallowed = []
     monkeypatch.setattr(sys, "unraisablehook", swallowed.append)
