@@ -44,6 +44,7 @@ class Replica:
     # from attach, where I share the server's host:
     shared: HostBuffers | None = None
     slot = 0  # my gradient's slot there
+    # from each compute:
     returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
     samples = 0  # how many samples my last gradient was computed on (a re-split may land after it)
 
