@@ -41,10 +41,10 @@ class DaskSync(ParameterServerDriver):
         grads = [g if isinstance(g, int) else next(by_value) for g in grads]
         # (2c) (3) the sample-weighted rule and the optimizer step, here; the slots are waited for
         deadline = now() + self.job.cluster.step_timeout_s
-        weights, update_s = self.placed.coordinator.apply(
+        weights, update = self.placed.coordinator.apply(
             self.shares, *grads, ticket=ticket, check=lambda: self._check(ticket, deadline)
         )
-        return Done(weights), Done(update_s)
+        return Done(weights), Done(update)
 
     def _check(self, ticket: int, deadline: float) -> None:
         """While the server waits in shared memory: a call that failed, or whose worker the scheduler

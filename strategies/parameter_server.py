@@ -44,7 +44,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         self.newest = None  # a handle of the newest weights, as the workers are given them
         self.ahead: tuple | None = None  # (step, its ticket, {rank: call}) queued before the runner asked for it
         self.calls: list[tuple] = []  # the step's calls, per worker: handles of (gradient, compute seconds)
-        self.update = None  # the step's update, once called: handles of (new weights, its seconds)
+        self.update = None  # the step's update, once called: the handle of its CentralUpdate timing
         self.pending: list = []  # every handle of the step's attempt, settled if a worker is lost
         self.ended = 0.0  # when the last step ended: a step queued ahead is timed from there
 
@@ -141,9 +141,9 @@ class ParameterServerDriver(Strategy, HandsOff):
             self.ahead = (then, next_ticket, {r: self._compute(r, then, next_ticket, after=ticket) for r in early})
             self.pending += [h for call in self.ahead[2].values() for h in call]
         compute = self.placed.results([call[1] for call in self.calls], f"step {step}", survivable=True)
-        (update_s,) = self.placed.results([self.update], f"step {step}", survivable=True)
+        (update,) = self.placed.results([self.update], f"step {step}", survivable=True)
         self.ended = now()
-        return StepTiming.synchronous({i["name"]: c for i, c in zip(self.info, compute)}, self.ended - start, update_s)
+        return StepTiming.synchronous({i["name"]: c for i, c in zip(self.info, compute)}, self.ended - start, update)
 
     def _handed_off(self, rank: int) -> bool:
         return self.slots[rank] is not None and self.host is not None
@@ -166,7 +166,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         )
 
     def _apply(self, grads: list, ticket: int | None) -> tuple:
-        """(2) (3) on the coordinator: handles of (the new weights, the update's seconds)."""
+        """(2) (3) on the coordinator: handles of (the new weights, the update's CentralUpdate timing)."""
         return self.placed.coordinator_call("apply", self.shares, *grads, ticket=ticket, returns=2)
 
     def _survivors_computes(self, computes: list) -> dict[str, float]:

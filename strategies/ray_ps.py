@@ -111,8 +111,8 @@ class RayServer(ParameterServer):
         refs = [g for g in grads if isinstance(g, ray.ObjectRef)]
         fetched = dict(zip(refs, ray.get(refs)))
         grads = [self.channels[g.name].receive(g.tag) if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
-        weights, update_s = super().apply(shares, *grads, ticket=ticket)
-        return self._put(weights), update_s
+        weights, update = super().apply(shares, *grads, ticket=ticket)
+        return self._put(weights), update
 
     def forget(self, names: list[str]) -> None:
         """Lost workers' channels: closed, so nothing more waits on them."""

@@ -15,6 +15,7 @@ from hetbench.config import Job, WorkerConfig
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
+from hetbench.step_timing import CentralUpdate
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.train_state import load_train_state, train_state
 from hetbench.transport.host_memory import HostBuffers
@@ -237,10 +238,13 @@ class ParameterServer:
         start = time.perf_counter()
         grads = [self.shared.gradient(g) if isinstance(g, int) else from_wire(g) for g in grads]
         weighted_sum(grads, shares, out=self.flat.grads)
+        stepping = time.perf_counter()
         self.optimizer.step()
+        optimizer_s = time.perf_counter() - stepping
         if ticket is not None:
             self.shared.publish_weights(ticket)
-        return to_wire(self.flat.params, self.wire), time.perf_counter() - start
+        weights = to_wire(self.flat.params, self.wire)
+        return weights, CentralUpdate(time.perf_counter() - start, optimizer_s)
 
     def params(self):
         return self.flat.params.numpy()

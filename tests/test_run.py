@@ -4,7 +4,9 @@ import json
 import logging
 import statistics
 
+import numpy as np
 import pytest
+import torch
 
 from helpers import UNEQUAL, sets, small_config
 from hetbench import runner
@@ -12,8 +14,9 @@ from hetbench.cluster.ray_connection import RayConnection
 from hetbench.errors import RunFailed
 from hetbench.results.rows import step_summary
 from hetbench.runner import run
-from hetbench.step_timing import StepTiming
+from hetbench.step_timing import CentralUpdate, StepTiming
 from hetbench.strategies import registry
+from hetbench.strategies.roles import ParameterServer
 from hetbench.training import Schedule, train_repeat
 
 
@@ -194,6 +197,20 @@ def test_without_a_barrier_the_overhead_is_the_workers_own_wait_for_fresh_weight
     assert step.sync_overhead_s == 0.004 and step_summary([step] * 3)["sync_overhead_s"] == pytest.approx(0.004)
     barrier = StepTiming({"fast": 0.006, "slow": 0.009}, comm_s=0.002, wait_s=0.003, total_s=0.011)
     assert barrier.sync_overhead_s == pytest.approx(0.002)
+
+
+def test_a_servers_optimizer_step_is_work_single_does_too_not_overhead(tmp_path):
+    server, threads = ParameterServer(), torch.get_num_threads()
+    try:
+        weights = server.reset(small_config(tmp_path), seed=0)
+        _, update = server.apply([1.0], np.full_like(weights, 0.01))
+    finally:
+        torch.set_num_threads(threads)  # (the server takes every core, as in its own process)
+    assert 0 < update.optimizer_s < update.seconds  # timed within the update, beside the combining
+    step = StepTiming.synchronous({"fast": 0.006, "slow": 0.009}, 0.020, CentralUpdate(0.004, 0.003))
+    assert step.comm_s == pytest.approx(0.011)  # the update is still part of the step's comm
+    assert step.sync_overhead_s == pytest.approx(0.008)  # less the optimizer step single's step takes too
+    assert step_summary([step] * 3)["optimizer_s"] == pytest.approx(0.003)
 
 
 def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):

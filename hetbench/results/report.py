@@ -29,6 +29,7 @@ COLUMNS = [
     "compute ms",
     "comm ms",
     "update ms",
+    "optimizer ms",
     "wait ms",
     "sync overhead ms",
     "vs floor",
@@ -115,6 +116,7 @@ def rows(records: list[dict]) -> list[list]:
                 _ms(step.get("compute_s")),
                 _ms(step.get("comm_s")),
                 _ms(step.get("update_s")) if step.get("update_s") else None,
+                _ms(step.get("optimizer_s")) if step.get("optimizer_s") else None,
                 _ms(step.get("wait_s")),
                 _ms(overhead),
                 overhead / own if own and overhead is not None else None,
@@ -266,13 +268,15 @@ SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (speed_s
 
 
 LEGEND = """\
-The CSV and `hetbench report --wide` hold every column: compute, comm, update and wait ms,
+The CSV and `hetbench report --wide` hold every column: compute, comm, update, optimizer and wait ms,
 floor-predicted samples/s, startup s. vs baseline: over the best machine alone (the single row).
 samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
 compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
-gradients or weights (update: the part of comm a parameter server spends in its optimizer step),
-and of the fastest worker idling for the slowest. sync overhead = step time - slowest compute
-(ray-ps-async, with no barrier: a worker's own wait for fresh weights after each batch);
+gradients or weights (update: the part of comm a parameter server spends combining the gradients
+and stepping; optimizer: of that, the optimizer step), and of the fastest worker idling for the
+slowest. sync overhead = step time - slowest compute - a parameter server's optimizer step (work
+single's step does too; records without an optimizer figure counted it as overhead) (ray-ps-async,
+with no barrier: a worker's own wait for fresh weights after each batch);
 balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
 speeds measured alone, then once more by those of the warm-up steps, where the workers share the
 machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;

@@ -100,6 +100,7 @@ def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> dict:
         "total_s": typical([t.total_s for t in timed]),
         "sync_overhead_s": typical([t.sync_overhead_s for t in timed]),
         "update_s": typical([t.update_s for t in timed]),
+        "optimizer_s": typical([t.optimizer_s for t in timed]),
         "exchange_every": exchange_every,
     }
 
