@@ -211,10 +211,8 @@ class ParameterServer:
             self.shared.unlink()
 
     def reset(self, job: Job, seed: int):
-        # A training process's share of the host's cores, as each worker takes: the update is a few
-        # passes over the model's memory, and more threads than that wait on cores the others hold
-        # (docs/performance.md: where ray-ps's step goes).
-        configure_threads(job.run.threads, len(job.workers))
+        # The update runs while every worker waits for it: give it all of this host's cores.
+        configure_threads(0)
         keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
         self.wire = job.run.wire_dtype
         # the master weights live where the workers on this host read them: publishing them is free

@@ -42,7 +42,7 @@ def served(tmp_path):
     """A ServingServer with a fresh model and a channel to each of two stand-in workers."""
     server, workers, threads = ServingServer(), {}, torch.get_num_threads()
     server.object_store = False  # every worker has its channel
-    server.reset(small_config(tmp_path), seed=0)  # (it sets its threads, as in its own process)
+    server.reset(small_config(tmp_path), seed=0)  # (it takes every core, as in its own process)
     listener = Listener("127.0.0.1", 0, timeout_s=10)
     ends = {n: Channel.connect(listener.address, hello(listener.secret, n), timeout_s=10) for n in BATCHES}
     server.channels = listener.accept(list(BATCHES))

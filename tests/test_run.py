@@ -205,7 +205,7 @@ def test_a_servers_optimizer_step_is_work_single_does_too_not_overhead(tmp_path)
         weights = server.reset(small_config(tmp_path), seed=0)
         _, update = server.apply([1.0], np.full_like(weights, 0.01))
     finally:
-        torch.set_num_threads(threads)  # (the server sets its threads, as in its own process)
+        torch.set_num_threads(threads)  # (the server takes every core, as in its own process)
     assert 0 < update.optimizer_s < update.seconds  # timed within the update, beside the combining
     step = StepTiming.synchronous({"fast": 0.006, "slow": 0.009}, 0.020, CentralUpdate(0.004, 0.003))
     assert step.comm_s == pytest.approx(0.011)  # the update is still part of the step's comm
