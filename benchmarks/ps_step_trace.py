@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from dataclasses import replace
 from statistics import median
 
 import torch
+from script_cluster import cluster_of, run_script
 
 from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.errors import UserError
@@ -155,9 +154,6 @@ def main() -> None:
     if args.steps < args.warmup + 3:
         raise UserError("--steps must leave at least 3 steps after --warmup")
     use_ray_defaults()  # as the CLI does, before Ray is imported (it reads them then): token auth
-    from hetbench.cluster.joined import wait_for_workers
-    from hetbench.cluster.multinode import cluster_for_run
-    from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
     from hetbench.config import load_config
     from hetbench.floor import measure_floor
     from hetbench.gradients import count_parameters
@@ -168,17 +164,9 @@ def main() -> None:
     # hetero-local's auto split, as its runs settle it (the runner's standalone timings are not here)
     split = ["balance=[equal]", "workers.0.batch=192", "workers.1.batch=64"]
     cfg = load_config(args.config, [*split, *args.set], registry.declared())
-    with (
-        cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, _cluster),
-        ray_kept_for_the_run(),
-    ):
-        cfg = replace(cfg, cluster=joined, workers=wait_for_workers(joined, cfg.workers))
-        connection = connect(cfg.cluster, cfg.workers)
-        try:
-            workers, server, timings, far = trace(cfg, args.steps, args.server_threads)
-            _, ps = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
-        finally:
-            connection.release()
+    with cluster_of(cfg) as cfg:
+        workers, server, timings, far = trace(cfg, args.steps, args.server_threads)
+        _, ps = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
     seconds = hops(workers[far], server, args.warmup)
     overhead = median(t.sync_overhead_s for t in timings[args.warmup :])
     print(f"ray-ps, {cfg.workers[far].name}'s hops (median of {len(server) - 1 - args.warmup} steps, ms):")
@@ -201,8 +189,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except UserError as e:  # bad input: one sentence, as the CLI says it
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
-from dataclasses import replace
+
+from script_cluster import cluster_of, run_script
 
 from hetbench.cluster.ray_connection import use_ray_defaults
 
@@ -40,25 +40,14 @@ def main() -> None:
     use_ray_defaults()  # as the CLI does, before Ray is imported (it reads them then): token auth
     from transport_paths import measure
 
-    from hetbench.cluster.joined import wait_for_workers
-    from hetbench.cluster.multinode import cluster_for_run
-    from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
     from hetbench.config import load_config
     from hetbench.results.records import environment
     from hetbench.strategies import registry
 
     overrides = args.set or (["workers=[{name: a}, {name: b}]"] if not args.config else [])
     cfg = load_config(args.config, overrides, registry.declared())
-    with (
-        cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, _cluster),
-        ray_kept_for_the_run(),
-    ):
-        cluster_cfg = replace(cfg, cluster=joined, workers=wait_for_workers(joined, cfg.workers))
-        connection = connect(cluster_cfg.cluster, cluster_cfg.workers)
-        try:
-            figures = measure(cluster_cfg, args.iterations)
-        finally:
-            connection.release()
+    with cluster_of(cfg) as cluster_cfg:
+        figures = measure(cluster_cfg, args.iterations)
     ps_floor = figures["ps-floor (no Ray call)"]["roundtrip_s"]
     print(f"between {' and '.join(figures['path']['between'])} ({', '.join(figures['path']['ips'])}), link {cfg.link}")
     for name, f in figures.items():
@@ -76,10 +65,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from hetbench.errors import UserError
-
-    try:
-        main()
-    except UserError as e:  # bad input: one sentence, as the CLI says it
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    run_script(main)
