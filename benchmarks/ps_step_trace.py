@@ -7,12 +7,10 @@ the emulated nodes share this host, so the stamps of two processes compare). For
 the server's node (its gradient and weights go over its direct channel) and the step:
 
     computed -> returned        its gradient posted up its channel, the call's result back to Ray
-    returned -> server called   Ray: the driver learns the gradients are in and starts the update
-    server called -> updating   the gradients received (the channel's, the shared-memory slot's)
+    computed -> updating        its gradient up; the update starts once every gradient is in
     updating -> updated         the gradients combined; the optimizer step (single's work too)
     updated -> server returned  the new weights posted down every channel
-    server returned -> called   Ray: the worker's next call (queued ahead) starts on the new weights
-    called -> computing         its weights received and loaded
+    server returned -> computing  its weights received and loaded, its next compute starts
 
 Beside them, in the same run, the ps-floor (the model up and back down that same channel, no Ray
 call): the least a parameter server's step can add. Medians over the steps after `--warmup`.
@@ -33,12 +31,10 @@ from hetbench.errors import UserError
 
 HOPS = [
     ("computed", "returned", "gradient posted, call returns"),
-    ("returned", "server_called", "Ray: update call starts"),
-    ("server_called", "updating", "gradients received"),
+    ("computed", "updating", "gradients in, update starts"),
     ("updating", "updated", "combine + optimizer step"),
     ("updated", "server_returned", "weights posted down"),
-    ("server_returned", "next_called", "Ray: next compute call starts"),
-    ("next_called", "next_computing", "weights received, loaded"),
+    ("server_returned", "next_computing", "weights received, loaded"),
 ]
 
 
@@ -55,7 +51,7 @@ def traced_strategy(server_threads: int | None):
             self.marks = {}
 
         def compute(self, weights, step: int, ticket: int | None = None, after: int | None = None):
-            self.marks.setdefault(step, {})["called"] = time.perf_counter()
+            self.marks.setdefault(step, {})
             out = super().compute(weights, step, ticket, after)
             self.marks[step]["returned"] = time.perf_counter()
             return out
@@ -81,11 +77,9 @@ def traced_strategy(server_threads: int | None):
             return weights
 
         def apply(self, shares, *grads, ticket=None):
-            called = time.perf_counter()
             weights, update = super().apply(shares, *grads, ticket=ticket)
             self.marks.append(
                 {
-                    "server_called": called,
                     "updating": self.putting - update.seconds,
                     "updated": self.putting,
                     "server_returned": time.perf_counter(),
@@ -131,7 +125,7 @@ def hops(worker: dict, server: list[dict], first: int) -> dict[str, list[float]]
     seconds.update({"compute (slowed)": [], "optimizer step": [], "gap between computes": []})
     for step in range(first, len(server) - 1):
         now, after = worker[step], worker[step + 1]
-        stamps = {**now, **server[step], "next_called": after["called"], "next_computing": after["computing"]}
+        stamps = {**now, **server[step], "next_computing": after["computing"]}
         for start, end, label in HOPS:
             seconds[label].append(stamps[end] - stamps[start])
         seconds["compute (slowed)"].append(now["computed"] - now["computing"])

@@ -129,7 +129,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         # (2) (3) the server combines the gradients by the sample-weighted rule and steps: one in
         # shared memory is waited for on its slot's counter, the others come by value
         handed_off = [self._handed_off(r) for r in ranks]
-        grads = [self.slots[r] if handed_off[r] else self.calls[r][0] for r in ranks]
+        grads = [self.slots[r] if handed_off[r] else self._gradient_handle(r, ticket) for r in ranks]
         self.pending = [h for call in self.calls for h in call]
         self.newest, self.update = self._apply(grads, ticket if self.host else None)
         # (4) when the runner goes straight on, the next step's calls are queued now: each worker
@@ -148,20 +148,26 @@ class ParameterServerDriver(Strategy, HandsOff):
     def _handed_off(self, rank: int) -> bool:
         return self.slots[rank] is not None and self.host is not None
 
+    def _gradient_handle(self, rank: int, ticket: int):
+        """What the server is given for worker `rank`'s gradient of this attempt (not in shared memory)."""
+        return self.calls[rank][0]
+
     def _compute(self, rank: int, step: int, ticket: int, after: int | None = None) -> tuple:
         """Worker `rank`'s call for `step`: handles of (its gradient, its compute seconds). A call queued
-        `after` a weights version waits for it in shared memory; the others are given the weights."""
+        `after` the update of that ticket waits for its weights where they arrive (shared memory, its
+        own channel); the others are given the weights' handle."""
         handed_off = self._handed_off(rank)
-        needs_weights = self.slots[rank] is None or (
-            self.calls_wait_for_weights and not (handed_off and after is not None)
+        waits_itself = handed_off or self.direct[rank]
+        needs_weights = not (waits_itself and after is not None) and (
+            self.slots[rank] is None or self.calls_wait_for_weights
         )
         return self.placed.call(
             rank,
             "compute",
             self.newest if needs_weights else None,
             step,
-            ticket if handed_off or self.direct[rank] else None,
-            after if handed_off else None,
+            ticket if waits_itself else None,
+            after if waits_itself else None,
             returns=2,
         )
 

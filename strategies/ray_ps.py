@@ -2,16 +2,19 @@
 node, and (2)(3) on a server actor on the driver's node (the shared driver: parameter_server.py).
 
 What is Ray's own here: where the actors run and how calls reach them. A worker on another node
-gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop;
-with `transport: object-store`, or when that connection cannot be made, each buffer goes through
-Ray's object store instead, put once by the process that made it (inside a list, so Ray passes
-the reference rather than the value) and read zero-copy by the other. Either way a call given the
-weights' reference starts once the update is done, so the next step's calls queue before it (4).
-Workers on the server's node use shared memory instead (the driver's).
+gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop and
+no Ray call waits on it: the server is called before the gradients exist and takes each off its
+channel by the step attempt's ticket, and the next step's call, queued before the update (4),
+waits on the channel for the weights that come next. With `transport: object-store`, or when that
+connection cannot be made, each buffer goes through Ray's object store instead, put once by the
+process that made it (inside a list, so Ray passes the reference rather than the value) and read
+zero-copy by the other; a call given a reference starts once Ray has it. Workers on the server's
+node use shared memory instead (the driver's).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import ray
@@ -21,9 +24,10 @@ from hetbench.config import Job, setting
 from hetbench.errors import UserError
 from hetbench.strategies.parameter_server import ParameterServerDriver
 from hetbench.strategies.roles import ParameterServer, Replica
-from hetbench.transport.direct import Channel, Listener, Sent, hello
+from hetbench.transport.direct import Channel, Listener, Sent, Silent, gave_up, given_up, hello
 
 TRANSPORTS = ("direct", "object-store")
+POLL_S = 0.2  # while no gradient comes up a channel, how often the server looks whether its call failed
 
 
 @dataclass(frozen=True)
@@ -48,7 +52,7 @@ class RayReplica(Replica):
     retire = disconnect  # the row is over: this process serves the next one
 
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
-        grad, compute_s = super().compute(None if self.shared else self.weights_in(weights), step, ticket, after)
+        grad, compute_s = super().compute(None if self.shared else self.weights_in(weights, after), step, ticket, after)
         return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
@@ -57,13 +61,28 @@ class RayReplica(Replica):
             self.weights_in(weights)
         return super().compute_after_idle(weights, step, ticket)
 
-    def weights_in(self, weights: list):
-        """(2a) the weights named by [object store reference, version]: over my channel, else from the
-        object store (fetched once per version: a redone step, or a fetch ahead of the call, has them)."""
-        if weights[1] != self.version:
-            self.held = self.channel.receive(weights[1]) if self.channel else ray.get(weights[0])
-            self.version = weights[1]
+    def weights_in(self, weights: list | None, after: int | None = None):
+        """(2a) with `after`, the weights the update of step attempt `after` publishes: the next ones
+        down my channel. Else those named by [object store reference, version]: over my channel, else
+        from the object store (fetched once per version: a redone step, or a fetch ahead, has them)."""
+        if after is not None:
+            self.version, self.held = self._weights_from(self.version + 1, after)
+        elif weights[1] != self.version:
+            self.version, self.held = (
+                self._weights_from(weights[1]) if self.channel else (weights[1], ray.get(weights[0]))
+            )
         return self.held
+
+    def _weights_from(self, version: int, attempt: int | None = None) -> tuple:
+        """(version, weights): the first down my channel at `version` or newer. The server's mark that
+        it gave up step attempt `attempt` ends the wait; an older attempt's mark is passed over."""
+        while True:
+            tag, message = self.channel.receive_tagged(version)
+            given_up = gave_up(message)
+            if given_up is None:
+                return tag, message
+            if given_up == attempt:
+                raise ConnectionError(f"the server gave up step attempt {attempt}: no weights come for it")
 
     def gradient_out(self, grad, ticket: int | None) -> Sent | ray.ObjectRef:
         """(2b) my gradient over my channel, tagged with the step attempt, else into the object store.
@@ -108,11 +127,37 @@ class RayServer(ParameterServer):
     def apply(self, shares: list[float], *grads, ticket: int | None = None):
         # (2c) the gradients: [reference] lists from the object store or channels, or slots of shared memory
         grads = [g[0] if isinstance(g, list) else g for g in grads]
-        refs = [g for g in grads if isinstance(g, ray.ObjectRef)]
-        fetched = dict(zip(refs, ray.get(refs)))
-        grads = [self.channels[g.name].receive(g.tag) if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
-        weights, update = super().apply(shares, *grads, ticket=ticket)
+        attempts = {g.tag for g in grads if isinstance(g, Sent)}
+        try:
+            refs = [g for g in grads if isinstance(g, ray.ObjectRef)]
+            fetched = dict(zip(refs, ray.get(refs)))
+            grads = [self._received(g) if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
+            weights, update = super().apply(shares, *grads, ticket=ticket)
+        except BaseException:
+            self._give_up(attempts)
+            raise
         return self._put(weights), update
+
+    def _received(self, sent: Sent):
+        """The gradient up `sent.name`'s channel, tagged with its step attempt. While none comes, the
+        worker's call is looked at: its failure (the worker lost, or its compute failed) ends the wait."""
+        channel = self.channels[sent.name]
+        deadline = time.monotonic() + channel.timeout_s
+        while True:
+            try:
+                return channel.receive(sent.tag, POLL_S)
+            except Silent:
+                if sent.call and ray.wait(sent.call, timeout=0)[0]:
+                    ray.get(sent.call)  # raises the call's failure; its success: the gradient is on its way
+                if time.monotonic() > deadline:
+                    raise
+
+    def _give_up(self, attempts: set[int]) -> None:
+        """These step attempts' updates will not run: each worker waiting down its channel for their
+        weights is told so, at once (the version those weights would have had)."""
+        for attempt in attempts:
+            for channel in self.channels.values():
+                channel.post(self.version + 1, given_up(attempt))
 
     def forget(self, names: list[str]) -> None:
         """Lost workers' channels: closed, so nothing more waits on them."""
@@ -150,6 +195,13 @@ class RayParameterServer(ParameterServerDriver):
     def check_options(cls, options: RayPsOptions) -> None:
         if options.transport not in TRANSPORTS:
             raise UserError(f"config key '{cls.name}.transport' must be one of {', '.join(TRANSPORTS)}")
+
+    def _gradient_handle(self, rank: int, ticket: int):
+        if not self.direct[rank]:
+            return super()._gradient_handle(rank, ticket)
+        # the server takes it off the worker's channel by its ticket: its update is called now, and
+        # starts as the gradient arrives, not once Ray has seen the worker's call return
+        return Sent(self.info[rank]["name"], ticket, [self.calls[rank][0]])
 
     def _lose(self, ranks: list[int], step: int) -> None:
         lost = [self.info[r]["name"] for r in ranks if self.direct[r]]

@@ -1,6 +1,8 @@
 """ray-ps on real Ray: placement, each node's transport with the update exact, a dying server, joining."""
 
 import logging
+import os
+import signal
 import socket
 import time
 from dataclasses import replace
@@ -80,6 +82,30 @@ def trained(strategy_cls, cfg, steps: int = 3) -> tuple[torch.Tensor, dict]:
         for step in range(steps):
             strategy.step(step, step + 1 if step + 1 < steps else None)
         return strategy.weights(), transports
+    finally:
+        strategy.close()
+
+
+@pytest.mark.parametrize("killed", ["m", "d"])
+def test_a_worker_killed_while_steps_run_ahead_over_a_direct_channel_is_survived_without_waiting(
+    tmp_path, shared_cluster, killed
+):
+    # m waits on its channel for the weights, the server for m's gradient on it: the mac's death must
+    # end the server's wait, the desk's must end m's (the server's given-up mark), neither at a timeout
+    cfg = small_config(tmp_path, *shared_cluster.overrides, LABELLED, "dropout=0")
+    strategy = made(ray_ps.RayParameterServer, cfg)
+    try:
+        strategy.start()
+        assert [i["transport"] for i in strategy.info] == ["shared memory", "direct tcp"]
+        strategy.reset(0)
+        strategy.step(0, 1)
+        os.kill(next(i["pid"] for i in strategy.info if i["name"] == killed), signal.SIGKILL)  # in step 1
+        started = time.monotonic()
+        timings = [strategy.step(1, 2), strategy.step(2, 3), strategy.step(3, None)]
+        assert time.monotonic() - started < 60  # no wait ran into its limit (600 s)
+        assert [w["name"] for w in strategy.lost] == [killed]
+        assert list(timings[-1].compute_s) == [{"m": "d", "d": "m"}[killed]]
+        assert torch.isfinite(strategy.weights()).all()
     finally:
         strategy.close()
 

@@ -5,7 +5,8 @@ receiver's pulls it) and a call's round trip to say where the buffer is.
 Each message is a tagged array: the step attempt's ticket for a gradient, the weights' version for
 weights. A reader thread at each end takes every message in as it arrives (so a sender never waits
 for the other end's method to run) and `receive(tag)` returns the first one tagged at least `tag`,
-dropping older ones (what a failed step attempt left behind).
+dropping older ones (what a failed step attempt left behind). A message of one int32 is no
+buffer but a step attempt the server gave up (`given_up`): what waits on that attempt's weights ends.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-HEADER = struct.Struct("!qqc")  # tag, payload bytes, numpy dtype char (f: float32, e: float16, h: bfloat16 bits)
+HEADER = struct.Struct("!qqc")  # tag, payload bytes, dtype char (f float32, e float16, h bfloat16 bits, i given up)
 SECRET_BYTES = 16  # a run's secret, given to both ends through the cluster: a stranger's connection is closed
 
 
@@ -30,10 +31,25 @@ class Silent(ConnectionError):
 
 
 class Sent(NamedTuple):
-    """What a worker hands back in place of a gradient it sent over its channel."""
+    """A gradient sent over worker `name`'s channel, tagged `tag`: what the worker hands back in its
+    place, or what the driver hands the server before the worker has sent it."""
 
     name: str
     tag: int
+    call: list | None = None  # [the worker's call's handle], in a list so Ray passes it unresolved
+
+
+GIVEN_UP = np.int32  # the dtype of a given-up mark: no buffer travels in it
+
+
+def given_up(attempt: int) -> np.ndarray:
+    """The mark the server sends down a channel when it gives up step attempt `attempt`."""
+    return np.array([attempt], GIVEN_UP)
+
+
+def gave_up(message: np.ndarray) -> int | None:
+    """The step attempt a given-up mark names; None for a buffer."""
+    return int(message[0]) if message.dtype == GIVEN_UP else None
 
 
 def hello(secret: bytes, name: str) -> bytes:
