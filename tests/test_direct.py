@@ -4,9 +4,10 @@ import socket
 
 import numpy as np
 import pytest
+import torch
 
 from hetbench.gradients import from_wire, to_wire
-from hetbench.transport.direct import Channel, Listener, Silent, hello
+from hetbench.transport.direct import Channel, Listener, Silent, gave_up, given_up, hello
 
 
 @pytest.fixture
@@ -22,8 +23,6 @@ def pair():
 
 
 def test_buffers_cross_both_ways_in_their_wire_dtype(pair):
-    import torch
-
     server, worker = pair
     weights = torch.randn(1_250_000)  # ~the model's size: more than a socket buffer holds
     server.post(1, to_wire(weights, "float32"))  # as ray-ps's server pushes weights: from a thread
@@ -39,6 +38,22 @@ def test_receive_drops_what_a_failed_attempt_left(pair):
     for tag in (3, 4, 5):  # attempts 3 and 4 failed on the server's side; 5 is the one asked for
         worker.send(tag, np.full(3, tag, dtype=np.float32))
     assert server.receive(5).tolist() == [5, 5, 5]
+
+
+def test_a_wait_for_weights_ends_at_its_attempts_given_up_mark_and_passes_older_ones(pair):
+    from hetbench.strategies.ray_ps import RayReplica
+
+    server, worker = pair
+    replica = RayReplica()
+    replica.channel, replica.version = worker, 6  # it holds version 6 and waits for the next
+    server.post(7, given_up(11))  # attempt 11's update never ran; no call waited for it
+    server.post(7, np.full(3, 7, dtype=np.float32))  # the redo's weights, version 7
+    assert replica.weights_in(None, after=12).tolist() == [7, 7, 7] and replica.version == 7
+    server.post(8, given_up(13))
+    with pytest.raises(ConnectionError, match="gave up step attempt 13"):
+        replica.weights_in(None, after=13)
+    assert replica.version == 7  # it still holds the weights it had
+    assert [gave_up(to_wire(torch.ones(2), w)) for w in ("float32", "float16", "bfloat16")] == [None] * 3
 
 
 def test_a_closed_end_is_an_error_not_a_wait(pair):
