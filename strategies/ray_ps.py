@@ -78,10 +78,10 @@ class RayReplica(Replica):
         it gave up step attempt `attempt` ends the wait; an older attempt's mark is passed over."""
         while True:
             tag, message = self.channel.receive_tagged(version)
-            given_up = gave_up(message)
-            if given_up is None:
+            abandoned = gave_up(message)
+            if abandoned is None:
                 return tag, message
-            if given_up == attempt:
+            if abandoned == attempt:
                 raise ConnectionError(f"the server gave up step attempt {attempt}: no weights come for it")
 
     def gradient_out(self, grad, ticket: int | None) -> Sent | ray.ObjectRef:
