@@ -40,6 +40,34 @@ def test_receive_drops_what_a_failed_attempt_left(pair):
     assert server.receive(5).tolist() == [5, 5, 5]
 
 
+def test_a_gradient_sent_in_parts_is_put_together_at_their_offsets(pair):
+    server, worker = pair
+    gradient = np.arange(10, dtype=np.float32)
+    worker.send(3, np.full(10, -1, dtype=np.float32))  # a failed attempt's whole gradient: passed over
+    for offset, size in ((7, 3), (0, 4), (4, 3)):  # as backward hands them: the last layer first
+        worker.post(4, gradient[offset : offset + size].copy(), offset)
+    assert server.gather(4, np.zeros(10, dtype=np.float32), poll_s=1).tolist() == gradient.tolist()
+    worker.send(5, gradient[:4])
+    worker.send(6, gradient[4:], 4)  # a newer attempt's part before buffer 5 is whole
+    with pytest.raises(ConnectionError, match="cut short"):
+        server.gather(5, np.zeros(10, dtype=np.float32), poll_s=1)
+
+
+def test_a_gather_looks_at_the_sender_while_it_is_silent(pair):
+    server, worker = pair
+    worker.send(1, np.zeros(2, dtype=np.float32))  # half of buffer 1, then nothing
+    looks = []
+
+    def check():
+        looks.append(1)
+        if len(looks) == 3:
+            raise RuntimeError("the worker's call failed")
+
+    with pytest.raises(RuntimeError, match="call failed"):
+        server.gather(1, np.zeros(4, dtype=np.float32), poll_s=0.05, check=check)
+    assert len(looks) == 3
+
+
 def test_a_wait_for_weights_ends_at_its_attempts_given_up_mark_and_passes_older_ones(pair):
     from hetbench.strategies.ray_ps import RayReplica
 
@@ -76,6 +104,8 @@ def test_a_silent_end_times_out():
             server.receive(1)
         with pytest.raises(Silent, match="within 0.05 s"):  # a wait of the caller's own
             server.receive(1, timeout_s=0.05)
+        with pytest.raises(Silent):  # parts that stop coming: the whole buffer's wait is bounded too
+            server.gather(1, np.zeros(2, dtype=np.float32), poll_s=0.1)
         worker.send(4, np.ones(2, dtype=np.float32))
         assert server.receive_tagged(2)[0] == 4
     finally:

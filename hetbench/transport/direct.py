@@ -7,6 +7,9 @@ weights. A reader thread at each end takes every message in as it arrives (so a 
 for the other end's method to run) and `receive(tag)` returns the first one tagged at least `tag`,
 dropping older ones (what a failed step attempt left behind). A message of one int32 is no
 buffer but a step attempt the server gave up (`given_up`): what waits on that attempt's weights ends.
+
+A buffer may also travel in parts, each with its offset into the whole (a gradient sent parameter by
+parameter as backward produces it): `gather(tag, out)` puts them together as they arrive.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-HEADER = struct.Struct("!qqc")  # tag, payload bytes, dtype char (f float32, e float16, h bfloat16 bits, i given up)
+# tag, offset (in elements), payload bytes, dtype char (f float32, e float16, h bfloat16 bits, i given up)
+HEADER = struct.Struct("!qqqc")
 SECRET_BYTES = 16  # a run's secret, given to both ends through the cluster: a stranger's connection is closed
 
 
@@ -80,22 +84,23 @@ class Channel:
             return None
         return cls(sock, timeout_s)
 
-    def send(self, tag: int, array: np.ndarray) -> bool:
-        """False when the other end is gone (a lost worker: the driver finds out from its call)."""
+    def send(self, tag: int, array: np.ndarray, offset: int = 0) -> bool:
+        """`array`, the part of a buffer that starts at element `offset`. False when the other end is
+        gone (a lost worker: the driver finds out from its call)."""
         payload = memoryview(np.ascontiguousarray(array)).cast("B")
         try:
             with self.send_lock:
-                self.sock.sendall(HEADER.pack(tag, payload.nbytes, array.dtype.char.encode()))
+                self.sock.sendall(HEADER.pack(tag, offset, payload.nbytes, array.dtype.char.encode()))
                 self.sock.sendall(payload)
             return True
         except OSError:
             self.broken = True
             return False
 
-    def post(self, tag: int, array: np.ndarray) -> None:
+    def post(self, tag: int, array: np.ndarray, offset: int = 0) -> None:
         """`send` from a thread of the channel's own, so the caller never waits for the other end
         (e.g. one behind a cut link). `array` must not change until it is sent: post a copy."""
-        self.outbox.put((tag, array))
+        self.outbox.put((tag, offset, array))
 
     def receive(self, tag: int, timeout_s: float | None = None) -> np.ndarray:
         """The first message tagged `tag` or later; Silent when none came within `timeout_s` (default:
@@ -104,20 +109,47 @@ class Channel:
 
     def receive_tagged(self, tag: int, timeout_s: float | None = None) -> tuple[int, np.ndarray]:
         """As `receive`, with the message's tag."""
-        wait_s = self.timeout_s if timeout_s is None else timeout_s
+        got_tag, _, array = self._next(tag, self.timeout_s if timeout_s is None else timeout_s)
+        return got_tag, array
+
+    def gather(self, tag: int, out: np.ndarray, poll_s: float, check=None) -> np.ndarray:
+        """`out` filled from the parts of buffer `tag`, each at its offset, as they come. While none
+        comes for `poll_s`, `check()` is called (it may raise to end the wait); Silent when none came
+        within the channel's timeout. A message of another tag or kind before the last part cut the
+        buffer short: ConnectionError."""
+        missing, silent_s = out.size, 0.0
+        while missing:
+            try:
+                got_tag, offset, part = self._next(tag, poll_s)
+            except Silent:
+                silent_s += poll_s
+                if check:
+                    check()
+                if silent_s >= self.timeout_s:
+                    raise
+                continue
+            silent_s = 0.0
+            if got_tag != tag or part.dtype != out.dtype or offset + part.size > out.size:
+                raise ConnectionError(f"buffer {tag}'s parts were cut short by another message")
+            out[offset : offset + part.size] = part
+            missing -= part.size
+        return out
+
+    def _next(self, tag: int, wait_s: float) -> tuple[int, int, np.ndarray]:
+        """The next message tagged `tag` or later, (tag, offset, array); older ones are dropped."""
         while True:
             try:
-                got_tag, array = self.inbox.get(timeout=wait_s)
+                got_tag, offset, array = self.inbox.get(timeout=wait_s)
             except queue.Empty:
                 raise Silent(f"nothing came over the direct channel within {wait_s:g} s") from None
             if array is None:
-                self.inbox.put((got_tag, None))  # the end stays visible to later calls
+                self.inbox.put((got_tag, 0, None))  # the end stays visible to later calls
                 raise ConnectionError("the direct channel's other end closed")
             if got_tag >= tag:
-                return got_tag, array
+                return got_tag, offset, array
 
     def close(self) -> None:
-        self.outbox.put((-1, None))
+        self.outbox.put((-1, 0, None))
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -126,19 +158,19 @@ class Channel:
 
     def _send_posted(self) -> None:
         while not self.broken:
-            tag, array = self.outbox.get()
-            if array is None or not self.send(tag, array):
+            tag, offset, array = self.outbox.get()
+            if array is None or not self.send(tag, array, offset):
                 return
 
     def _read(self) -> None:
         try:
             while True:
-                tag, size, char = HEADER.unpack(_read_exactly(self.sock, HEADER.size, patient=True))
+                tag, offset, size, char = HEADER.unpack(_read_exactly(self.sock, HEADER.size, patient=True))
                 array = np.empty(size // np.dtype(char.decode()).itemsize, char.decode())
                 _read_into(self.sock, memoryview(array).cast("B"), patient=True)
-                self.inbox.put((tag, array))
+                self.inbox.put((tag, offset, array))
         except (OSError, ConnectionError, ValueError):
-            self.inbox.put((-1, None))
+            self.inbox.put((-1, 0, None))
 
 
 class Listener:
