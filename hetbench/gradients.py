@@ -25,11 +25,13 @@ class FlatModel:
         if params_in is not None:
             self.params = params_in.copy_(self.params)
         self.grads = torch.zeros_like(self.params)
+        self.spans: list[tuple[nn.Parameter, int, int]] = []  # each parameter, its offset and size in the buffers
         offset = 0
         for p in params:
             n = p.numel()
             p.data = self.params[offset : offset + n].view_as(p)
             p.grad = self.grads[offset : offset + n].view_as(p)
+            self.spans.append((p, offset, n))
             offset += n
 
     def optimizer_params(self, chunk: int = 2**18) -> list[torch.Tensor]:

@@ -157,6 +157,29 @@ class Replica:
         (gathering the batch is compute: it runs on my device, as a one-device loop's does)."""
         return self.work(lambda: self.compute_gradient(step))
 
+    def streamed_step(self, step: int, send) -> float:
+        """As `local_step`, with (2b) each parameter's gradient handed to `send(offset, gradient)` as
+        backward has it (the last layer's first), as DDP sends a bucket; the compute's seconds, not
+        the sending's. An emulated slower device's delay is spread the same way: each hand-off comes
+        after its share of the delay, as a slower device would produce that gradient later."""
+        started, computed = [self.clock_in()], [0.0]
+
+        def hand_off(offset: int, size: int) -> None:
+            computed[0] += self.clock_out(started[0])
+            send(offset, self.flat.grads[offset : offset + size])
+            started[0] = self.clock_in()
+
+        hooks = [
+            param.register_post_accumulate_grad_hook(lambda _, o=offset, n=size: hand_off(o, n))
+            for param, offset, size in self.flat.spans
+        ]
+        try:
+            self.compute_gradient(step)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        return computed[0] + self.clock_out(started[0])
+
     def compute_gradient(self, step: int) -> None:
         images, labels = self.my_batch(step)
         self.samples = len(labels)

@@ -60,3 +60,29 @@ def test_cpu_wait_counts_time_runnable_behind_other_processes():
         for hog in hogs:
             hog.kill()
             hog.wait(timeout=10)
+
+
+def test_a_streamed_step_hands_off_each_gradient_as_backward_has_it_after_its_share_of_the_delay():
+    from hetbench.gradients import FlatModel
+
+    replica = replica_slowed(3.0)
+    replica.flat = FlatModel(torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2)))
+    started, sent = time.perf_counter(), []
+
+    def compute_gradient(step):
+        time.sleep(0.1)  # the forward pass's work: its delay comes before the first hand-off
+        replica.flat.zero_grad()
+        replica.flat.model(torch.ones(5, 3)).sum().backward()
+
+    def send(offset, gradient):
+        sent.append((offset, gradient.clone(), time.perf_counter() - started))
+        time.sleep(0.05)  # sending is not the device's work: neither counted nor slowed
+
+    replica.compute_gradient = compute_gradient
+    seconds = replica.streamed_step(0, send)
+    offsets = [offset for _, offset, _ in replica.flat.spans]
+    assert [offset for offset, _, _ in sent] == offsets[::-1]  # the last layer's gradients first
+    assert sent[0][2] == pytest.approx(0.3, abs=0.05)  # after the forward pass's share of the delay
+    assert seconds == pytest.approx(0.3, abs=0.05)
+    for offset, gradient, _ in sent:  # each as backward left it in the flat buffer
+        assert torch.equal(gradient, replica.flat.grads[offset : offset + gradient.numel()])
