@@ -6,8 +6,9 @@ ray-ps's own roles, each hop stamped on the host's monotonic clock (one clock fo
 the emulated nodes share this host, so the stamps of two processes compare). For the worker off
 the server's node (its gradient and weights go over its direct channel) and the step:
 
-    computed -> returned        its gradient posted up its channel, the call's result back to Ray
-    computed -> updating        its gradient up; the update starts once every gradient is in
+    computed -> returned        its last gradient posted up its channel, the call's result back to Ray
+    computed -> updating        its gradient up (posted during backward, parameter by parameter); the
+                                update starts once every gradient is in
     updating -> updated         the gradients combined; the optimizer step (single's work too)
     updated -> server returned  the new weights posted down every channel
     server returned -> computing  its weights received and loaded, its next compute starts
@@ -57,8 +58,14 @@ def traced_strategy(server_threads: int | None):
             return out
 
         def local_step(self, step: int) -> float:
+            return self.stamped(step, lambda: super(TracedReplica, self).local_step(step))
+
+        def streamed_step(self, step: int, send) -> float:
+            return self.stamped(step, lambda: super(TracedReplica, self).streamed_step(step, send))
+
+        def stamped(self, step: int, compute) -> float:
             self.marks[step]["computing"] = time.perf_counter()
-            seconds = super().local_step(step)
+            seconds = compute()
             self.marks[step]["computed"] = time.perf_counter()
             return seconds
 

@@ -3,28 +3,30 @@ node, and (2)(3) on a server actor on the driver's node (the shared driver: para
 
 What is Ray's own here: where the actors run and how calls reach them. A worker on another node
 gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop and
-no Ray call waits on it: the server is called before the gradients exist and takes each off its
-channel by the step attempt's ticket, and the next step's call, queued before the update (4),
-waits on the channel for the weights that come next. With `transport: object-store`, or when that
-connection cannot be made, each buffer goes through Ray's object store instead, put once by the
-process that made it (inside a list, so Ray passes the reference rather than the value) and read
-zero-copy by the other; a call given a reference starts once Ray has it. Workers on the server's
-node use shared memory instead (the driver's).
+no Ray call waits on it: the gradient goes up parameter by parameter as backward produces it, the
+server is called before the gradients exist and takes each off its channel by the step attempt's
+ticket, and the next step's call, queued before the update (4), waits on the channel for the
+weights that come next. With `transport: object-store`, or when that connection cannot be made,
+each buffer goes through Ray's object store instead, put once by the process that made it (inside
+a list, so Ray passes the reference rather than the value) and read zero-copy by the other; a call
+given a reference starts once Ray has it. Workers on the server's node use shared memory instead
+(the driver's).
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import ray
+import torch
 
 from hetbench.cluster.nodes import direct_port
 from hetbench.config import Job, setting
 from hetbench.errors import UserError
+from hetbench.gradients import from_wire, to_wire
 from hetbench.strategies.parameter_server import ParameterServerDriver
 from hetbench.strategies.roles import ParameterServer, Replica
-from hetbench.transport.direct import Channel, Listener, Sent, Silent, gave_up, given_up, hello
+from hetbench.transport.direct import Channel, Listener, Sent, gave_up, given_up, hello
 
 TRANSPORTS = ("direct", "object-store")
 POLL_S = 0.2  # while no gradient comes up a channel, how often the server looks whether its call failed
@@ -52,8 +54,22 @@ class RayReplica(Replica):
     retire = disconnect  # the row is over: this process serves the next one
 
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
+        if self.channel and ticket is not None:
+            return self.streamed(self.weights_in(weights, after), step, ticket)
         grad, compute_s = super().compute(None if self.shared else self.weights_in(weights, after), step, ticket, after)
         return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
+
+    def streamed(self, weights, step: int, ticket: int) -> tuple:
+        """(2a) load `weights`, (1) forward+backward, (2b) each parameter's gradient posted up my
+        channel as backward has it, tagged with the step attempt (a copy: the buffer is the next
+        step's). The server puts them together at their offsets."""
+        self.flat.load_params(from_wire(weights))
+        wire = self.job.run.wire_dtype
+
+        def post(offset: int, grad: torch.Tensor) -> None:
+            self.channel.post(ticket, to_wire(grad, wire).copy(), offset)
+
+        return [Sent(self.spec.name, ticket)], self.streamed_step(step, post)
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
         # the weights fetched first: their way down is part of my wait for them, not of my compute
@@ -100,6 +116,7 @@ class RayServer(ParameterServer):
 
     def __init__(self) -> None:
         self.channels: dict[str, Channel] = {}  # worker name -> its direct channel
+        self.incoming: dict[str, object] = {}  # worker name -> the buffer its gradient's parts fill
 
     def listen(self, port: int, timeout_s: float) -> tuple | None:
         """A port on this node for workers elsewhere: (address, the run's secret), or None if it is taken."""
@@ -119,7 +136,9 @@ class RayServer(ParameterServer):
         self.object_store = by_value
 
     def reset(self, job: Job, seed: int) -> list:
-        return self._put(super().reset(job, seed))
+        weights = super().reset(job, seed)
+        self.incoming = {name: to_wire(torch.empty_like(self.flat.params), self.wire) for name in self.channels}
+        return self._put(weights)
 
     def load_state(self, state: dict) -> list:
         return self._put(super().load_state(state))
@@ -139,18 +158,15 @@ class RayServer(ParameterServer):
         return self._put(weights), update
 
     def _received(self, sent: Sent):
-        """The gradient up `sent.name`'s channel, tagged with its step attempt. While none comes, the
-        worker's call is looked at: its failure (the worker lost, or its compute failed) ends the wait."""
-        channel = self.channels[sent.name]
-        deadline = time.monotonic() + channel.timeout_s
-        while True:
-            try:
-                return channel.receive(sent.tag, POLL_S)
-            except Silent:
-                if sent.call and ray.wait(sent.call, timeout=0)[0]:
-                    ray.get(sent.call)  # raises the call's failure; its success: the gradient is on its way
-                if time.monotonic() > deadline:
-                    raise
+        """The gradient up `sent.name`'s channel, tagged with its step attempt, put together from its
+        parts. While none comes, the worker's call is looked at: its failure (the worker lost, or its
+        compute failed) ends the wait."""
+
+        def check() -> None:
+            if sent.call and ray.wait(sent.call, timeout=0)[0]:
+                ray.get(sent.call)  # raises the call's failure; its success: the gradient is on its way
+
+        return self.channels[sent.name].gather(sent.tag, self.incoming[sent.name], POLL_S, check)
 
     def _give_up(self, attempts: set[int]) -> None:
         """These step attempts' updates will not run: each worker waiting down its channel for their
