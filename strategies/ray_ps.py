@@ -3,9 +3,9 @@ node, and (2)(3) on a server actor on the driver's node (the shared driver: para
 
 What is Ray's own here: where the actors run and how calls reach them. A worker on another node
 gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop and
-no Ray call waits on it: the gradient goes up parameter by parameter as backward produces it, the
-server is called before the gradients exist and takes each off its channel by the step attempt's
-ticket, and the next step's call, queued before the update (4), waits on the channel for the
+no Ray call waits on it: the server is called before the gradients exist and takes each off its
+channel by the step attempt's ticket (with `stream: true` put together from parts posted as
+backward produces them), and the next step's call, queued before the update (4), waits on the channel for the
 weights that come next. With `transport: object-store`, or when that connection cannot be made,
 each buffer goes through Ray's object store instead, put once by the process that made it (inside
 a list, so Ray passes the reference rather than the value) and read zero-copy by the other; a call
@@ -37,6 +37,11 @@ class RayPsOptions:
     transport: str = setting("direct", "workers on other nodes: direct (a TCP connection each) or object-store")
 
 
+@dataclass(frozen=True)
+class StreamOptions(RayPsOptions):
+    stream: bool = setting(True, "a worker with a direct channel posts each parameter's gradient as backward has it")
+
+
 class RayReplica(Replica):
     channel: Channel | None = None  # my own connection to the server, when I am off its node
     version = -1  # the version of the weights I last took from it
@@ -54,7 +59,7 @@ class RayReplica(Replica):
     retire = disconnect  # the row is over: this process serves the next one
 
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
-        if self.channel and ticket is not None:
+        if self.channel and ticket is not None and self.job.options.get("stream"):
             return self.streamed(self.weights_in(weights, after), step, ticket)
         grad, compute_s = super().compute(None if self.shared else self.weights_in(weights, after), step, ticket, after)
         return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
@@ -205,7 +210,7 @@ class RayParameterServer(ParameterServerDriver):
     via = "ray"
     replica, server = RayReplica, RayServer
     by_value = "object store"
-    options = RayPsOptions
+    options = StreamOptions
 
     @classmethod
     def check_options(cls, options: RayPsOptions) -> None:

@@ -49,17 +49,19 @@ def test_worker_labelled_for_the_second_node_runs_there(tmp_path, shared_cluster
 
 
 @pytest.mark.parametrize(
-    "transport, blocked, mac_gets",
+    "transport, blocked, mac_gets, stream",
     [
-        ("direct", False, "direct tcp"),
-        ("direct", True, "object store"),  # the server's port is taken: the object store serves
-        ("object-store", False, "object store"),
+        ("direct", False, "direct tcp", False),
+        ("direct", False, "direct tcp", True),  # m's gradient goes up in parts, during its backward
+        ("direct", True, "object store", True),  # the server's port is taken: the object store serves
+        ("object-store", False, "object store", False),
     ],
 )
 def test_the_servers_node_shares_memory_the_other_its_transport_and_the_update_stays_exact(
-    tmp_path, shared_cluster, transport, blocked, mac_gets
+    tmp_path, shared_cluster, transport, blocked, mac_gets, stream
 ):
-    cfg = small_config(tmp_path, *shared_cluster.overrides, LABELLED, "dropout=0", f"ray-ps.transport={transport}")
+    options = (f"ray-ps.transport={transport}", f"ray-ps.stream={str(stream).lower()}")
+    cfg = small_config(tmp_path, *shared_cluster.overrides, LABELLED, "dropout=0", *options)
     blocker = socket.create_server(("", DIRECT_PORT)) if blocked else None
     try:
         mixed, transports = trained(ray_ps.RayParameterServer, cfg)
@@ -86,13 +88,15 @@ def trained(strategy_cls, cfg, steps: int = 3) -> tuple[torch.Tensor, dict]:
         strategy.close()
 
 
-@pytest.mark.parametrize("killed", ["m", "d"])
+@pytest.mark.parametrize("killed, stream", [("m", False), ("d", False), ("m", True)])
 def test_a_worker_killed_while_steps_run_ahead_over_a_direct_channel_is_survived_without_waiting(
-    tmp_path, shared_cluster, killed
+    tmp_path, shared_cluster, killed, stream
 ):
     # m waits on its channel for the weights, the server for m's gradient on it: the mac's death must
     # end the server's wait, the desk's must end m's (the server's given-up mark), neither at a timeout
-    cfg = small_config(tmp_path, *shared_cluster.overrides, LABELLED, "dropout=0")
+    cfg = small_config(
+        tmp_path, *shared_cluster.overrides, LABELLED, "dropout=0", f"ray-ps.stream={str(stream).lower()}"
+    )
     strategy = made(ray_ps.RayParameterServer, cfg)
     try:
         strategy.start()
