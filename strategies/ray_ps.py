@@ -5,12 +5,12 @@ What is Ray's own here: where the actors run and how calls reach them. A worker 
 gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop and
 no Ray call waits on it: the server is called before the gradients exist and takes each off its
 channel by the step attempt's ticket (with `stream: true` put together from parts posted as
-backward produces them), and the next step's call, queued before the update (4), waits on the channel for the
-weights that come next. With `transport: object-store`, or when that connection cannot be made,
-each buffer goes through Ray's object store instead, put once by the process that made it (inside
-a list, so Ray passes the reference rather than the value) and read zero-copy by the other; a call
-given a reference starts once Ray has it. Workers on the server's node use shared memory instead
-(the driver's).
+backward produces them), and the next step's call, queued before the update (4), waits on the
+channel for the weights that come next. With `transport: object-store`, or when that connection
+cannot be made, each buffer goes through Ray's object store instead, put once by the process that
+made it (inside a list, so Ray passes the reference rather than the value) and read zero-copy by
+the other; a call given a reference starts once Ray has it. Workers on the server's node use
+shared memory instead (the driver's).
 """
 
 from __future__ import annotations
