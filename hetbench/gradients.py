@@ -35,18 +35,30 @@ class FlatModel:
             offset += n
 
     def optimizer_params(self, chunk: int = 2**18) -> list[torch.Tensor]:
-        """The flat buffer as 1 MB leaf tensors (views, with their gradient views) for the optimizer.
+        """The flat buffer as leaf tensors of at most 1 MB (views, with their gradient views) for the
+        optimizer, none across two parameters (so one parameter can be stepped alone: `chunks_of`).
 
         Every optimizer here is elementwise, so the update is the same per element; in 1 MB chunks
         its ~10 operations run while a chunk is in cache, not once each over the whole buffer
         (docs/design.md).
         """
         chunks = []
-        for start in range(0, self.params.numel(), chunk):
-            param = nn.Parameter(self.params[start : start + chunk])  # shares the flat buffer's memory
-            param.grad = self.grads[start : start + chunk]
-            chunks.append(param)
+        for _, offset, size in self.spans:
+            for start in range(offset, offset + size, chunk):
+                end = min(start + chunk, offset + size)
+                param = nn.Parameter(self.params[start:end])  # shares the flat buffer's memory
+                param.grad = self.grads[start:end]
+                chunks.append(param)
         return chunks
+
+    def chunks_of(self, chunks: list[torch.Tensor]) -> dict[int, list[torch.Tensor]]:
+        """Each parameter's offset -> those of `chunks` (from `optimizer_params`) that hold it."""
+        base = self.params.storage_offset()
+        starts = [offset for _, offset, _ in self.spans]
+        held: dict[int, list[torch.Tensor]] = {offset: [] for offset in starts}
+        for chunk in chunks:
+            held[max(o for o in starts if o <= chunk.storage_offset() - base)].append(chunk)
+        return held
 
     def zero_grad(self) -> None:
         # In place: autograd then accumulates into our views (optimizer.zero_grad would drop them).

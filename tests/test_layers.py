@@ -13,7 +13,7 @@ import hetbench
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
     {"errors", "inputs", "identity", "devices", "clock", "progress", "step_timing"},
-    {"workload", "gradients", "balance", "train_state", "device_check"},
+    {"workload", "gradients", "partial_step", "balance", "train_state", "device_check"},
     {"config"},
     {"data", "training"},
     {"transport", "cluster"},
