@@ -95,9 +95,9 @@ def traced_strategy(server_threads: int | None):
             )
             return weights, update
 
-        def _put(self, weights) -> list:
+        def _put(self, weights, posted: bool = False) -> list:
             self.putting = time.perf_counter()
-            return super()._put(weights)
+            return super()._put(weights, posted)
 
         def traced(self) -> list:
             return self.marks

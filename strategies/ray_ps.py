@@ -4,19 +4,22 @@ node, and (2)(3) on a server actor on the driver's node (the shared driver: para
 What is Ray's own here: where the actors run and how calls reach them. A worker on another node
 gets its own TCP connection to the server (transport/direct.py), so each buffer makes one hop and
 no Ray call waits on it: the server is called before the gradients exist and takes each off its
-channel by the step attempt's ticket (with `stream: true` put together from parts posted as
-backward produces them), and the next step's call, queued before the update (4), waits on the
-channel for the weights that come next. With `transport: object-store`, or when that connection
-cannot be made, each buffer goes through Ray's object store instead, put once by the process that
-made it (inside a list, so Ray passes the reference rather than the value) and read zero-copy by
-the other; a call given a reference starts once Ray has it. Workers on the server's node use
-shared memory instead (the driver's).
+channel by the step attempt's ticket, and the next step's call, queued before the update (4),
+waits on the channel for the weights that come next. With `stream: true` the gradient goes up in
+parts as backward produces them, and the server steps each parameter and sends it back down once
+every worker's gradient of it is in, as DDP reduces a bucket: only the first layers, whose
+gradients backward produces last, wait for its end. With `transport: object-store`, or when that
+connection cannot be made, each buffer goes through Ray's object store instead, put once by the
+process that made it (inside a list, so Ray passes the reference rather than the value) and read
+zero-copy by the other; a call given a reference starts once Ray has it. Workers on the server's
+node use shared memory instead (the driver's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import ray
 import torch
 
@@ -39,7 +42,11 @@ class RayPsOptions:
 
 @dataclass(frozen=True)
 class StreamOptions(RayPsOptions):
-    stream: bool = setting(True, "a worker with a direct channel posts each parameter's gradient as backward has it")
+    stream: bool = setting(
+        True,
+        "a worker with a direct channel posts each parameter's gradient as backward has it; the server "
+        "steps each parameter once every gradient of it is in, and sends it down at once",
+    )
 
 
 class RayReplica(Replica):
@@ -95,15 +102,29 @@ class RayReplica(Replica):
         return self.held
 
     def _weights_from(self, version: int, attempt: int | None = None) -> tuple:
-        """(version, weights): the first down my channel at `version` or newer. The server's mark that
-        it gave up step attempt `attempt` ends the wait; an older attempt's mark is passed over."""
+        """(version, weights): the first down my channel at `version` or newer, whole or put together
+        from its parts (a streaming server sends each parameter as it steps it). The server's mark
+        that it gave up step attempt `attempt` ends the wait; another attempt's mark drops the parts
+        that came before it (that attempt's: they will never be whole)."""
+        size, weights, missing = self.flat.params.numel(), None, 0
         while True:
-            tag, message = self.channel.receive_tagged(version)
-            abandoned = gave_up(message)
-            if abandoned is None:
-                return tag, message
-            if abandoned == attempt:
+            tag, offset, part = self.channel.receive_part(version)
+            abandoned = gave_up(part)
+            if abandoned is not None and abandoned == attempt:
                 raise ConnectionError(f"the server gave up step attempt {attempt}: no weights come for it")
+            if abandoned is not None:
+                weights = None
+                continue
+            if weights is None and part.size == size:
+                return tag, part
+            if weights is None:  # a new buffer each time: the weights I hold stay whole if this one is cut
+                weights, missing, version = np.empty(size, part.dtype), size, tag
+            if tag != version:
+                raise ConnectionError(f"the weights of version {version} were cut short by version {tag}'s")
+            weights[offset : offset + part.size] = part
+            missing -= part.size
+            if not missing:
+                return tag, weights
 
     def gradient_out(self, grad, ticket: int | None) -> Sent | ray.ObjectRef:
         """(2b) my gradient over my channel, tagged with the step attempt, else into the object store.
@@ -118,6 +139,7 @@ class RayServer(ParameterServer):
     object_store = True  # whether any worker reads the weights from the object store
     listener: Listener | None = None
     version = 0  # of the weights, counted as they are published
+    stream = False  # gradients come up direct channels in parts; each parameter goes down once stepped
 
     def __init__(self) -> None:
         self.channels: dict[str, Channel] = {}  # worker name -> its direct channel
@@ -142,6 +164,7 @@ class RayServer(ParameterServer):
 
     def reset(self, job: Job, seed: int) -> list:
         weights = super().reset(job, seed)
+        self.stream = bool(job.options.get("stream"))
         self.incoming = {name: to_wire(torch.empty_like(self.flat.params), self.wire) for name in self.channels}
         return self._put(weights)
 
@@ -151,27 +174,59 @@ class RayServer(ParameterServer):
     def apply(self, shares: list[float], *grads, ticket: int | None = None):
         # (2c) the gradients: [reference] lists from the object store or channels, or slots of shared memory
         grads = [g[0] if isinstance(g, list) else g for g in grads]
-        attempts = {g.tag for g in grads if isinstance(g, Sent)}
+        sent = [g for g in grads if isinstance(g, Sent)]
         try:
             refs = [g for g in grads if isinstance(g, ray.ObjectRef)]
             fetched = dict(zip(refs, ray.get(refs)))
-            grads = [self._received(g) if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
-            weights, update = super().apply(shares, *grads, ticket=ticket)
+            if self.stream and sent:
+                # (3) each parameter stepped, and (4) sent down, once every worker's gradient of it is in
+                grads = [self.incoming[g.name] if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
+                weights, update = self.apply_by_parameter(shares, grads, self._arrivals(sent), self._post_part, ticket)
+            else:
+                grads = [self._received(g) if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
+                weights, update = super().apply(shares, *grads, ticket=ticket)
         except BaseException:
-            self._give_up(attempts)
+            self._give_up({g.tag for g in sent})
             raise
-        return self._put(weights), update
+        return self._put(weights, posted=self.stream and bool(sent)), update
 
     def _received(self, sent: Sent):
-        """The gradient up `sent.name`'s channel, tagged with its step attempt, put together from its
-        parts. While none comes, the worker's call is looked at: its failure (the worker lost, or its
+        """The gradient up `sent.name`'s channel, tagged with its step attempt, put together from its parts."""
+        return self.channels[sent.name].gather(sent.tag, self.incoming[sent.name], POLL_S, self._check(sent))
+
+    def _arrivals(self, sent: list[Sent]):
+        """(each parameter's offset, when the last of it came in) once its gradient is in from every
+        worker of `sent` (in `incoming`), in the order the first one sends them."""
+        first, *others = [
+            self.channels[s.name].parts(s.tag, self.incoming[s.name], POLL_S, self._check(s)) for s in sent
+        ]
+        seen: list[dict[int, float]] = [{} for _ in others]
+        for offset, came_in in first:
+            for parts, have in zip(others, seen):
+                while offset not in have:
+                    arrived = next(parts, None)
+                    if arrived is None:
+                        raise ConnectionError(f"no gradient of the parameter at {offset} came from every worker")
+                    have[arrived[0]] = arrived[1]
+            yield offset, max([came_in, *(have[offset] for have in seen)])
+
+    @staticmethod
+    def _check(sent: Sent):
+        """While no part comes, the worker's call is looked at: its failure (the worker lost, or its
         compute failed) ends the wait."""
 
         def check() -> None:
             if sent.call and ray.wait(sent.call, timeout=0)[0]:
                 ray.get(sent.call)  # raises the call's failure; its success: the gradient is on its way
 
-        return self.channels[sent.name].gather(sent.tag, self.incoming[sent.name], POLL_S, check)
+        return check
+
+    def _post_part(self, offset: int, size: int) -> None:
+        """One parameter's new weights down every channel (a copy: the master weights move on), tagged
+        with the version they are part of."""
+        posted = to_wire(self.flat.params[offset : offset + size], self.wire).copy()
+        for channel in self.channels.values():
+            channel.post(self.version + 1, posted, offset)
 
     def _give_up(self, attempts: set[int]) -> None:
         """These step attempts' updates will not run: each worker waiting down its channel for their
@@ -191,11 +246,12 @@ class RayServer(ParameterServer):
         if self.listener:
             self.listener.close()
 
-    def _put(self, weights) -> list:
-        """New weights out: posted down every channel (a copy: the master weights move on), or put
-        in the object store; [reference, version]."""
+    def _put(self, weights, posted: bool = False) -> list:
+        """New weights out: posted down every channel (a copy: the master weights move on) unless
+        already `posted` there in parts, or put in the object store; [reference, version]."""
         self.version += 1
-        self._post(weights)
+        if not posted:
+            self._post(weights)
         return [ray.put(weights) if self.object_store else None, self.version]
 
     def _post(self, weights) -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetbench.gradients import from_wire, to_wire
+from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.transport.direct import Channel, Listener, Silent, gave_up, given_up, hello
 
 
@@ -74,6 +74,7 @@ def test_a_wait_for_weights_ends_at_its_attempts_given_up_mark_and_passes_older_
     server, worker = pair
     replica = RayReplica()
     replica.channel, replica.version = worker, 6  # it holds version 6 and waits for the next
+    replica.flat = FlatModel(torch.nn.Linear(2, 1))  # 3 weights
     server.post(7, given_up(11))  # attempt 11's update never ran; no call waited for it
     server.post(7, np.full(3, 7, dtype=np.float32))  # the redo's weights, version 7
     assert replica.weights_in(None, after=12).tolist() == [7, 7, 7] and replica.version == 7
@@ -82,6 +83,30 @@ def test_a_wait_for_weights_ends_at_its_attempts_given_up_mark_and_passes_older_
         replica.weights_in(None, after=13)
     assert replica.version == 7  # it still holds the weights it had
     assert [gave_up(to_wire(torch.ones(2), w)) for w in ("float32", "float16", "bfloat16")] == [None] * 3
+
+
+def test_weights_sent_in_parts_are_taken_whole_and_an_abandoned_attempts_parts_dropped(pair):
+    from hetbench.strategies.ray_ps import RayReplica
+
+    server, worker = pair
+    replica = RayReplica()
+    replica.channel, replica.version = worker, 6
+    replica.flat = FlatModel(torch.nn.Linear(4, 2))  # 10 weights: a weight matrix at 0, a bias at 8
+    server.post(7, np.full(2, 1, dtype=np.float32), 8)  # attempt 11 sent the bias down, then failed
+    server.post(7, given_up(11))
+    server.post(7, np.full(2, 2, dtype=np.float32), 8)  # the redo (attempt 12), the last layer first
+    server.post(7, np.full(8, 2, dtype=np.float32), 0)
+    assert replica.weights_in(None, after=12).tolist() == [2] * 10 and replica.version == 7
+    held = replica.held
+    server.post(8, np.full(2, 3, dtype=np.float32), 8)  # attempt 13 fails after its first parameter
+    server.post(8, given_up(13))
+    with pytest.raises(ConnectionError, match="gave up step attempt 13"):
+        replica.weights_in(None, after=13)
+    assert replica.version == 7 and replica.held is held and held.tolist() == [2] * 10  # what it holds is whole
+    server.post(9, np.full(2, 4, dtype=np.float32), 8)
+    server.post(10, np.full(8, 5, dtype=np.float32), 0)  # a newer version before version 9 is whole
+    with pytest.raises(ConnectionError, match="cut short"):
+        replica.weights_in([None, 9])
 
 
 def test_a_closed_end_is_an_error_not_a_wait(pair):

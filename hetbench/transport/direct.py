@@ -109,18 +109,29 @@ class Channel:
 
     def receive_tagged(self, tag: int, timeout_s: float | None = None) -> tuple[int, np.ndarray]:
         """As `receive`, with the message's tag."""
-        got_tag, _, array = self._next(tag, self.timeout_s if timeout_s is None else timeout_s)
+        got_tag, _, array = self.receive_part(tag, timeout_s)
         return got_tag, array
 
+    def receive_part(self, tag: int, timeout_s: float | None = None) -> tuple[int, int, np.ndarray]:
+        """As `receive`: (tag, the part's offset in its buffer, the part)."""
+        return self._next(tag, self.timeout_s if timeout_s is None else timeout_s)[:3]
+
     def gather(self, tag: int, out: np.ndarray, poll_s: float, check=None) -> np.ndarray:
-        """`out` filled from the parts of buffer `tag`, each at its offset, as they come. While none
-        comes for `poll_s`, `check()` is called (it may raise to end the wait); Silent when none came
-        within the channel's timeout. A message of another tag or kind before the last part cut the
-        buffer short: ConnectionError."""
+        """`out` filled from the parts of buffer `tag`, each at its offset, as they come (`parts`)."""
+        for _ in self.parts(tag, out, poll_s, check):
+            pass
+        return out
+
+    def parts(self, tag: int, out: np.ndarray, poll_s: float, check=None):
+        """Each part of buffer `tag` put into `out` at its offset as it comes; yields (that offset, when the
+        part came in on this process's perf_counter clock). While
+        none comes for `poll_s`, `check()` is called (it may raise to end the wait); Silent when none
+        came within the channel's timeout. A message of another tag or kind before the last part cut
+        the buffer short: ConnectionError."""
         missing, silent_s = out.size, 0.0
         while missing:
             try:
-                got_tag, offset, part = self._next(tag, poll_s)
+                got_tag, offset, part, came_in = self._next(tag, poll_s)
             except Silent:
                 silent_s += poll_s
                 if check:
@@ -133,20 +144,21 @@ class Channel:
                 raise ConnectionError(f"buffer {tag}'s parts were cut short by another message")
             out[offset : offset + part.size] = part
             missing -= part.size
-        return out
+            yield offset, came_in
 
-    def _next(self, tag: int, wait_s: float) -> tuple[int, int, np.ndarray]:
-        """The next message tagged `tag` or later, (tag, offset, array); older ones are dropped."""
+    def _next(self, tag: int, wait_s: float) -> tuple[int, int, np.ndarray, float]:
+        """The next message tagged `tag` or later, (tag, offset, array, when it came in); older ones
+        are dropped."""
         while True:
             try:
-                got_tag, offset, array = self.inbox.get(timeout=wait_s)
+                got_tag, offset, array, came_in = self.inbox.get(timeout=wait_s)
             except queue.Empty:
                 raise Silent(f"nothing came over the direct channel within {wait_s:g} s") from None
             if array is None:
-                self.inbox.put((got_tag, 0, None))  # the end stays visible to later calls
+                self.inbox.put((got_tag, 0, None, came_in))  # the end stays visible to later calls
                 raise ConnectionError("the direct channel's other end closed")
             if got_tag >= tag:
-                return got_tag, offset, array
+                return got_tag, offset, array, came_in
 
     def close(self) -> None:
         self.outbox.put((-1, 0, None))
@@ -168,9 +180,9 @@ class Channel:
                 tag, offset, size, char = HEADER.unpack(_read_exactly(self.sock, HEADER.size, patient=True))
                 array = np.empty(size // np.dtype(char.decode()).itemsize, char.decode())
                 _read_into(self.sock, memoryview(array).cast("B"), patient=True)
-                self.inbox.put((tag, offset, array))
+                self.inbox.put((tag, offset, array, time.perf_counter()))
         except (OSError, ConnectionError, ValueError):
-            self.inbox.put((-1, 0, None))
+            self.inbox.put((-1, 0, None, time.perf_counter()))
 
 
 class Listener:
