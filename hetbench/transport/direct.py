@@ -123,11 +123,11 @@ class Channel:
         return out
 
     def parts(self, tag: int, out: np.ndarray, poll_s: float, check=None):
-        """Each part of buffer `tag` put into `out` at its offset as it comes; yields (that offset, when the
-        part came in on this process's perf_counter clock). While
-        none comes for `poll_s`, `check()` is called (it may raise to end the wait); Silent when none
-        came within the channel's timeout. A message of another tag or kind before the last part cut
-        the buffer short: ConnectionError."""
+        """Each part of buffer `tag` put into `out` at its offset as it comes; yields (that offset, when
+        the part came in, on this process's perf_counter clock). While none comes for `poll_s`,
+        `check()` is called (it may raise to end the wait); Silent when none came within the
+        channel's timeout. A message of another tag or kind before the last part cut the buffer
+        short: ConnectionError."""
         missing, silent_s = out.size, 0.0
         while missing:
             try:
