@@ -18,8 +18,7 @@ import time
 from dataclasses import asdict
 
 from hetbench.clock import cv, median
-from hetbench.cluster.addresses import free_port
-from hetbench.cluster.gloo import join_group
+from hetbench.cluster.gloo import join_group, rendezvous
 from hetbench.cluster.nodes import direct_port
 from hetbench.cluster.place import place
 from hetbench.config import ClusterConfig, FloorConfig, LinkConfig, WorkerConfig
@@ -32,13 +31,16 @@ FLOORS = (FLOOR_NAME, PS_FLOOR_NAME)
 WARMUP = 5  # transfers that warm the connection up, untimed
 
 
-def allreduce_times(rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float) -> dict:
-    """The seconds of each timed all-reduce, and the interface this end's gloo used."""
+def allreduce_times(
+    rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float, store=None
+) -> dict:
+    """The seconds of each timed all-reduce, and the interface this end's gloo used (rank 0 passes
+    its rendezvous store)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    interface = join_group(master, port, rank, 2, timeout_s)
+    interface = join_group(master, port, rank, 2, timeout_s, store)
     try:
         buffer = torch.randn(numel)
         times = []
@@ -57,16 +59,22 @@ class FloorEnd:
     """One end of the floors' transfers, in a process on a worker's node."""
 
     listener: Listener | None = None  # the ps-floor's server end, between listen and echo
+    store = None  # the gloo-floor's rendezvous, on the first end, between rendezvous and allreduce_times
 
     def setup(self, workers: tuple[WorkerConfig, ...], rank: int, threads_share: int) -> dict:
         spec = workers[rank]
         return {"name": spec.name, "node": spec.node, "host": socket.gethostname()}
 
-    def free_port(self, host: str) -> int:
-        return free_port(host)
+    def rendezvous(self, master: str, timeout_s: float) -> int:
+        """The gloo-floor's rendezvous, held open at `master`; the port the other end joins at."""
+        self.store = rendezvous(master, 2, timeout_s)
+        return self.store.port
 
     def allreduce_times(self, *args) -> dict:
-        return allreduce_times(*args)
+        try:
+            return allreduce_times(*args, store=self.store)
+        finally:
+            self.store = None
 
     def listen(self, host: str, port: int, timeout_s: float) -> tuple:
         """The server's end of the ps-floor: its address and the secret the other end must say."""
@@ -125,7 +133,7 @@ def measure_floor(
     ends = place(cluster, workers, FloorEnd, FLOOR_NAME, workers, ranks=floor_ranks(workers))
     try:
         master = ends.info[0]["node_ip"]
-        (port,) = ends.results([ends.call(0, "free_port", master)], "choosing a port")
+        (port,) = ends.results([ends.call(0, "rendezvous", master, timeout_s)], "opening the rendezvous")
         args = (master, port, numel, iterations, timeout_s)
         measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
         try:

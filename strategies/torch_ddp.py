@@ -25,8 +25,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.nn.parallel import DistributedDataParallel
 
 from hetbench.clock import now
-from hetbench.cluster.addresses import free_port
-from hetbench.cluster.gloo import join_group
+from hetbench.cluster.gloo import join_group, rendezvous
 from hetbench.cluster.place import place
 from hetbench.config import Job, setting
 from hetbench.devices import gloo_takes
@@ -45,6 +44,7 @@ class DDPRank(Replica):
     """One rank: a worker's process, device and slice, in DDP's gloo group."""
 
     powersgd_rank: int | None = None  # set by compress(): PowerSGD's rank, or None for the plain bucket
+    store = None  # rank 0's rendezvous store, from listen() until retire()
     # from reset:
     ddp: DistributedDataParallel  # my model in DDP, whose comm hook is _allreduce
     staging: dict[int, torch.Tensor]  # bucket index -> its CPU buffer, reused every step
@@ -54,11 +54,13 @@ class DDPRank(Replica):
     computed = 0.0  # my compute's seconds so far
     started: tuple[float, float] = (0.0, 0.0)  # clock_in of my compute since the last bucket
 
-    def free_port(self, host: str) -> int:
-        return free_port(host)
+    def listen(self, master: str, world: int) -> int:
+        """Rank 0: the group's rendezvous, held open at `master`; the port the others join at."""
+        self.store = rendezvous(master, world, self.job.cluster.step_timeout_s)
+        return self.store.port
 
     def join(self, master: str, port: int, world: int) -> str | None:
-        return join_group(master, port, self.rank, world, self.job.cluster.step_timeout_s)
+        return join_group(master, port, self.rank, world, self.job.cluster.step_timeout_s, self.store)
 
     def compress(self, powersgd_rank: int | None) -> None:
         """From the next reset on: buckets through PowerSGD at this rank (None: as they are)."""
@@ -68,6 +70,7 @@ class DDPRank(Replica):
         """The row is over: out of the group, as this process serves the next row."""
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.store = None
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
@@ -162,8 +165,9 @@ class TorchDDP(Strategy):
         self.info = self.placed.info
         self._set_split([info["batch"] for info in self.info])
         master = self.info[0]["node_ip"]
-        (port,) = self.placed.results([self.placed.call(0, "free_port", master)], "choosing a port")
-        joined = self._each("join", master, port, len(self.info), doing="forming the gloo group (README: Ports)")
+        world = len(self.info)
+        (port,) = self.placed.results([self.placed.call(0, "listen", master, world)], "opening the rendezvous")
+        joined = self._each("join", master, port, world, doing="forming the gloo group (README: Ports)")
         self._each("compress", self.powersgd_rank)
         for info, interface in zip(self.info, joined):
             info["gloo_interface"] = interface

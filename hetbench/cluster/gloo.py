@@ -26,13 +26,26 @@ def use_interface_toward(master: str) -> str | None:
     return interface
 
 
-def join_group(master: str, port: int, rank: int, world: int, timeout_s: float) -> str | None:
-    """This process as `rank` of a gloo group of `world` whose rank 0 listens at master:port; the
-    interface it joined on (records keep it: the first thing to check when a group never forms)."""
+def rendezvous(master: str, world: int, timeout_s: float):
+    """Rank 0's store for a group of `world`, listening at `master` on a port the kernel picks as it
+    binds: no window between choosing a free port and listening on it for another socket to take
+    (a CI run once lost a row and the rank-0 process to EADDRINUSE that way). Its `port` is the
+    other ranks' to join; rank 0 joins with the store itself."""
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=timeout_s)
+    return dist.TCPStore(master, 0, world, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def join_group(master: str, port: int, rank: int, world: int, timeout_s: float, store=None) -> str | None:
+    """This process as `rank` of a gloo group of `world` whose rank 0 listens at master:port (rank 0
+    passes its `rendezvous` store); the interface it joined on (records keep it: the first thing to
+    check when a group never forms)."""
     import torch.distributed as dist
 
     interface = use_interface_toward(master)
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://{master}:{port}", rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s)
-    )
+    timeout = timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(master, port, world, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     return interface
