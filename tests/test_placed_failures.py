@@ -56,3 +56,60 @@ def test_a_ray_worker_that_died_is_named(tmp_path, monkeypatch):
     placed._dead_ranks = lambda: [1]
     with pytest.raises(RunFailed, match="^torch-ddp: worker 'small' died while stepping$"):
         placed.results(["handle"], "stepping")
+
+
+class Pool:
+    """A run's host pool, recording which hosts were kept and which killed."""
+
+    def __init__(self) -> None:
+        self.kept, self.killed = [], []
+
+    def give_back(self, hosts):
+        self.kept += [host for _, host in hosts]
+
+    def discard(self, hosts):
+        self.killed += [host for _, host in hosts]
+
+
+class KeptRay:
+    """A run's Ray that outlives the row, with its pool."""
+
+    kept = True
+
+    def __init__(self) -> None:
+        self.hosts = Pool()
+
+    def release(self) -> None:
+        pass
+
+
+def ray_placed_with_two_hosts(tmp_path, monkeypatch, answer):
+    from hetbench.cluster import ray_placed
+
+    monkeypatch.setattr(ray_placed.ray, "get", answer)
+    cfg = small_config(tmp_path, UNEQUAL)
+    placed = ray_placed.RayPlaced(cfg.cluster, cfg.workers, "torch-ddp")
+    placed.connection, placed.actors = KeptRay(), ["host 0", "host 1"]
+    return placed
+
+
+def test_the_processes_of_a_row_that_failed_are_killed_not_kept_for_the_next(tmp_path, monkeypatch):
+    import ray
+
+    def address_in_use(handles, timeout=None):  # rank 0's group failed to form; rank 1 may still wait in it
+        raise ray.exceptions.RayTaskError("join", "", RuntimeError("EADDRINUSE"))
+
+    placed = ray_placed_with_two_hosts(tmp_path, monkeypatch, address_in_use)
+    pool = placed.connection.hosts
+    with pytest.raises(RunFailed, match="^torch-ddp failed while forming the gloo group: EADDRINUSE$"):
+        placed.results(["handle"], "forming the gloo group")
+    placed.close()
+    assert pool.killed == ["host 0", "host 1"] and pool.kept == []
+
+
+def test_the_processes_of_a_row_that_finished_serve_the_next(tmp_path, monkeypatch):
+    placed = ray_placed_with_two_hosts(tmp_path, monkeypatch, lambda handles, timeout=None: [1, 2])
+    pool = placed.connection.hosts
+    assert placed.results(["handle"], "stepping") == [1, 2]
+    placed.close()
+    assert pool.kept == ["host 0", "host 1"] and pool.killed == []

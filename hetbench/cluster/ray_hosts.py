@@ -56,6 +56,11 @@ class HostPool:
             else:
                 ray.kill(host, no_restart=True)
 
+    def discard(self, hosts: list[tuple[str, object]]) -> None:
+        """(where, host) pairs whose row failed: killed, whatever they still hold or run."""
+        for _, host in hosts:
+            ray.kill(host, no_restart=True)
+
     def close(self) -> None:
         for host in [h for hosts in self.idle.values() for h in hosts]:
             ray.kill(host, no_restart=True)

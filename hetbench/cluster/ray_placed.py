@@ -29,6 +29,7 @@ class RayPlaced(Placed):
         self.driver_node: str | None = None  # the Ray node this process runs on, once started
         self.actors: list = []  # the workers' host actors, in rank order
         self.coordinator = None  # the parameter server's host actor, on the driver's node
+        self.failed = False  # a call failed the row: its processes' state is unknown, none is kept
 
     def start(self, role: type, coordinator: type | None) -> None:
         self.connection = connect(self.cluster, self.workers)
@@ -54,6 +55,15 @@ class RayPlaced(Placed):
         return self.coordinator.invoke.options(num_returns=returns).remote(method, *args, **kwargs)
 
     def results(self, handles: list, doing: str, survivable: bool = False) -> list:
+        try:
+            return self._results(handles, doing, survivable)
+        except WorkersLost:  # the row goes on without them: the others are sound
+            raise
+        except BaseException:
+            self.failed = True
+            raise
+
+    def _results(self, handles: list, doing: str, survivable: bool) -> list:
         try:
             return ray.get(handles, timeout=self.timeout_s)
         except ray.exceptions.RayTaskError as e:
@@ -108,6 +118,9 @@ class RayPlaced(Placed):
                 hosts = [(spec.node, a) for spec, a in zip(self.specs, self.actors)]
                 if self.coordinator:
                     hosts.append((DRIVER_NODE, self.coordinator))
-                self.connection.hosts.give_back(hosts)
+                if self.failed:  # e.g. a gloo group half formed: the next row starts afresh
+                    self.connection.hosts.discard(hosts)
+                else:
+                    self.connection.hosts.give_back(hosts)
             self.connection.release()
             self.connection = None
