@@ -50,11 +50,13 @@ class HostPool:
         """(where, host) pairs whose row is over: kept if they retire cleanly and in time, else killed."""
         retired = [host.retire.remote() for _, host in hosts]
         ready, _ = ray.wait(retired, num_returns=len(retired), timeout=RETIRE_S) if retired else ([], [])
+        spoiled = []
         for (where, host), done in zip(hosts, retired):
             if done in ready and _returned(done):
                 self.idle.setdefault(where, []).append(host)
             else:
-                ray.kill(host, no_restart=True)
+                spoiled.append((where, host))
+        self.discard(spoiled)
 
     def discard(self, hosts: list[tuple[str, object]]) -> None:
         """(where, host) pairs whose row failed: killed, whatever they still hold or run."""
@@ -62,8 +64,7 @@ class HostPool:
             ray.kill(host, no_restart=True)
 
     def close(self) -> None:
-        for host in [h for hosts in self.idle.values() for h in hosts]:
-            ray.kill(host, no_restart=True)
+        self.discard([(where, host) for where, hosts in self.idle.items() for host in hosts])
         self.idle.clear()
 
 
