@@ -23,6 +23,7 @@ from hetbench.strategies import registry
 from hetbench.workload import build_model
 
 SHARES = [0.625, 0.375]  # batches 40 and 24 of 64
+STRICT_FP32 = "import torch\ntorch.backends.cudnn.allow_tf32 = False\ntorch.backends.cuda.matmul.allow_tf32 = False\n"
 TOLERANCE = {"float32": 0.0, "bfloat16": 2**-8, "float16": 2**-11}  # relative rounding of each wire dtype
 
 
@@ -72,6 +73,8 @@ def ddp(device: torch.device) -> None:
     """torch-ddp with two `device` workers (40 + 24 samples) against `single` on 64, after 5 steps."""
     use_ray_defaults()
     with tempfile.TemporaryDirectory() as results:
+        if device.type == "cuda":
+            strict_fp32(results)
         workers = f"workers=[{{name: a, batch: 40, device: {device}}}, {{name: b, batch: 24, device: {device}}}]"
         cfg = load_config(None, [workers, "dropout=0", "download=false", f"results_dir={results}"], registry.declared())
         made = {name: registry.load(name) for name in (registry.BASELINE, "torch-ddp")}
@@ -79,6 +82,16 @@ def ddp(device: torch.device) -> None:
     gap = (weights["torch-ddp"] - weights[registry.BASELINE]).abs().max().item()
     assert gap < 1e-4, f"torch-ddp's weights differ from single's by {gap:.2e} after 5 steps"
     print(f"ok: torch-ddp on two {device} workers = single on {device} after 5 steps (largest gap {gap:.1e})")
+
+
+def strict_fp32(folder: str) -> None:
+    """TF32 off here and in every process started from here (the Ray workers, through sitecustomize).
+    cuDNN convolves in TF32 by default on Ampere and later, which alone moves two ranks' weights
+    past the check's tolerance from one batch's (docs/performance.md, "On a GPU")."""
+    with open(os.path.join(folder, "sitecustomize.py"), "w") as f:
+        f.write(STRICT_FP32)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [folder, os.environ.get("PYTHONPATH")]))
+    exec(STRICT_FP32)  # and here, where single runs
 
 
 def five_steps(strategy) -> torch.Tensor:
