@@ -50,13 +50,11 @@ class HostPool:
         """(where, host) pairs whose row is over: kept if they retire cleanly and in time, else killed."""
         retired = [host.retire.remote() for _, host in hosts]
         ready, _ = ray.wait(retired, num_returns=len(retired), timeout=RETIRE_S) if retired else ([], [])
-        spoiled = []
         for (where, host), done in zip(hosts, retired):
             if done in ready and _returned(done):
                 self.idle.setdefault(where, []).append(host)
             else:
-                spoiled.append((where, host))
-        self.discard(spoiled)
+                self.discard([(where, host)])
 
     def discard(self, hosts: list[tuple[str, object]]) -> None:
         """(where, host) pairs whose row failed: killed, whatever they still hold or run."""
