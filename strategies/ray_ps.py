@@ -175,10 +175,11 @@ class RayServer(ParameterServer):
         # (2c) the gradients: [reference] lists from the object store or channels, or slots of shared memory
         grads = [g[0] if isinstance(g, list) else g for g in grads]
         sent = [g for g in grads if isinstance(g, Sent)]
+        streamed = self.stream and bool(sent)
         try:
             refs = [g for g in grads if isinstance(g, ray.ObjectRef)]
             fetched = dict(zip(refs, ray.get(refs)))
-            if self.stream and sent:
+            if streamed:
                 # (3) each parameter stepped, and (4) sent down, once every worker's gradient of it is in
                 grads = [self.incoming[g.name] if isinstance(g, Sent) else fetched.get(g, g) for g in grads]
                 weights, update = self.apply_by_parameter(shares, grads, self._arrivals(sent), self._post_part, ticket)
@@ -188,7 +189,7 @@ class RayServer(ParameterServer):
         except BaseException:
             self._give_up({g.tag for g in sent})
             raise
-        return self._put(weights, posted=self.stream and bool(sent)), update
+        return self._put(weights, posted=streamed), update
 
     def _received(self, sent: Sent):
         """The gradient up `sent.name`'s channel, tagged with its step attempt, put together from its parts."""
