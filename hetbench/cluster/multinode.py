@@ -10,7 +10,6 @@ processes and stopped by PID, never by name.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -21,6 +20,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
+from hetbench.cluster.addresses import check_reachable, free_port
 from hetbench.cluster.netns import Link, check_can_emulate, open_links
 from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
@@ -78,20 +78,21 @@ class LocalMultinode:
                 check_can_emulate()
                 self.links = open_links(self.labels[1:], self.rate)
             self.head_ip = head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
-            # Ray's GCS and Dask's scheduler each bind a port the kernel picks and write down where
-            # they listen: no window between choosing a free port and binding it for another to take
+            ray_port, dask_port = free_port(), free_port()
+            self.ray_address = f"{head_ip}:{ray_port}"
+            self.dask_scheduler = f"tcp://{head_ip}:{dask_port}"
             self._ray_node(
                 self.labels[0],
                 [
                     "--head",
-                    "--port=0",
+                    f"--port={ray_port}",
                     f"--node-ip-address={head_ip}",
                     f"--temp-dir={self.temp_dir}",
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                 ],
             )
-            self.ray_address = self._wait_written(self._ray_address, "the Ray head")
+            self._wait_listening(self.ray_address, "the Ray head")
             for label in self.labels[1:]:
                 self._ray_node(
                     label,
@@ -100,7 +101,6 @@ class LocalMultinode:
                         f"--node-ip-address={self.links[label].ns_ip if label in self.links else head_ip}",
                     ],
                 )
-            scheduler_file = os.path.join(self.temp_dir, "dask-scheduler.json")
             self._spawn(
                 [
                     sys.executable,
@@ -109,15 +109,13 @@ class LocalMultinode:
                     "--host",
                     head_ip,
                     "--port",
-                    "0",
-                    "--scheduler-file",
-                    scheduler_file,
+                    str(dask_port),
                     "--no-dashboard",
                     *DASK_HTTP_LOCAL,
                 ],
                 "dask-scheduler",
             )
-            self.dask_scheduler = self._wait_written(lambda: _scheduler_address(scheduler_file), "the Dask scheduler")
+            self._wait_listening(self.dask_scheduler, "the Dask scheduler")
             for w in self.workers:
                 self._dask_worker(w)
             self._wait_ready()
@@ -203,26 +201,20 @@ class LocalMultinode:
                 self._dask_worker(w)
         self._wait_ready()
 
-    def _ray_address(self) -> str | None:
-        """The head's GCS address, which `ray start` writes into its temp dir once the head is up."""
-        from ray._private.utils import read_ray_address
-
-        return read_ray_address(self.temp_dir)
-
-    def _wait_written(self, read, what: str) -> str:
-        """The address `read()` finds once `what` has written it, within timeout_s."""
+    def _wait_listening(self, address: str, what: str) -> None:
         deadline = time.monotonic() + self.timeout_s
         while True:
             self._check_alive()
-            address = read()
-            if address:
-                return address
-            if time.monotonic() > deadline:
-                raise UserError(
-                    f"local-multinode: {what} did not say where it listens within "
-                    f"{self.timeout_s:g} s (logs: {self.temp_dir})"
-                )
-            time.sleep(0.2)
+            try:
+                check_reachable(address, 1.0)
+                return
+            except UserError:
+                if time.monotonic() > deadline:
+                    raise UserError(
+                        f"local-multinode: {what} did not listen at {address} within "
+                        f"{self.timeout_s:g} s (logs: {self.temp_dir})"
+                    ) from None
+                time.sleep(0.2)
 
     def _wait_ready(self) -> None:
         """Every Dask worker joined (Ray nodes are waited for by whoever joins: RayConnection), or who is missing."""
@@ -298,12 +290,3 @@ def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...
             os.environ.pop("RAY_AUTH_TOKEN", None)
         else:
             os.environ["RAY_AUTH_TOKEN"] = saved_token
-
-
-def _scheduler_address(path: str) -> str | None:
-    """The address in a Dask scheduler file, once the scheduler has written it whole."""
-    try:
-        with open(path) as f:
-            return json.load(f).get("address")
-    except (FileNotFoundError, json.JSONDecodeError):  # not yet, or half written
-        return None
