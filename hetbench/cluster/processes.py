@@ -48,17 +48,40 @@ def descendants(pid: int) -> list[int]:
 
 
 def alive(pid: int) -> bool:
+    return _state(pid) not in "ZX"  # a zombie has exited; only its parent's wait is missing
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, T, Z, ...); X where it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return fields[0] != "Z"  # a zombie has exited; only its parent's wait is missing
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return "X"
+
+
+def frozen_trees(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> list[int]:
+    """SIGSTOP each process and its descendants until the listing holds still, and return it.
+
+    A tree listed and then signalled loses what it forks in between (a booting raylet starting its
+    agents): the child outlives its killed parent, reparented to init, where no listing finds it.
+    A stopped process forks nothing, so once every listed process is stopped, the tree is whole."""
+    pids: list[int] = []
+    deadline = time.monotonic() + timeout_s
+    while True:
+        new = [p for proc in procs for p in descendants(proc.pid) if p not in pids]
+        if not new or time.monotonic() > deadline:
+            return pids
+        _signal(new, signal.SIGSTOP)
+        pids += new
+        while any(_state(p) not in "TtZX" for p in new) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 def stop_trees(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
     """SIGTERM each process and its descendants, SIGKILL what is left after `grace_s`, reap."""
-    pids = [p for proc in procs for p in descendants(proc.pid)]
+    pids = frozen_trees(procs)
     _signal(pids, signal.SIGTERM)
+    _signal(pids, signal.SIGCONT)  # the SIGTERM is handled as each wakes
     deadline = time.monotonic() + grace_s
     while any(alive(p) for p in pids) and time.monotonic() < deadline:
         for proc in procs:
@@ -70,7 +93,7 @@ def stop_trees(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
 
 def kill_trees(procs: list[subprocess.Popen], reap_s: float = 10.0) -> None:
     """SIGKILL each process and its descendants at once (a machine vanishing, not a shutdown), reap."""
-    pids = [p for proc in procs for p in descendants(proc.pid)]
+    pids = frozen_trees(procs)
     _signal(pids, signal.SIGKILL)
     _reap(procs, pids, reap_s)
 
