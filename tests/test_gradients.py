@@ -5,12 +5,12 @@
 
 import multiprocessing as mp
 import queue
+import tempfile
 from datetime import timedelta
 
 import pytest
 import torch
 
-from hetbench.cluster.addresses import free_port
 from hetbench.gradients import (
     FlatModel,
     batch_shares,
@@ -180,12 +180,10 @@ def test_worker_slices_partition_the_global_batch_in_worker_order():
     assert (torch.cat(parts) == indices).all()
 
 
-def _rank(rank: int, port: int, results) -> None:
+def _rank(rank: int, init: str, results) -> None:
     import torch.distributed as dist
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))
     share = [0.625, 0.375][rank]  # batches 40 and 24 of 64
     flat = FlatModel(build_model(0.0, seed=0))
     flat.grads.fill_(float(rank + 1))  # rank 0's gradient is all 1s, rank 1's all 2s
@@ -202,21 +200,23 @@ def _rank(rank: int, port: int, results) -> None:
 
 
 def two_gloo_ranks(target) -> list:
-    """What `target(rank, port, results)` put in `results` from each of two spawned gloo ranks, by rank."""
+    """What `target(rank, init, results)` put in `results` from each of two spawned gloo ranks, by rank.
+    They meet at a file store, not a TCP port: no port to find free and lose to another test."""
     ctx = mp.get_context("spawn")
-    results, port = ctx.Queue(), free_port()
-    procs = [ctx.Process(target=target, args=(r, port, results), daemon=True) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        return sorted(results.get(timeout=120) for _ in procs)
-    except queue.Empty:
-        raise AssertionError("gloo ranks did not finish") from None
-    finally:
+    with tempfile.TemporaryDirectory() as folder:
+        results, init = ctx.Queue(), f"file://{folder}/store"
+        procs = [ctx.Process(target=target, args=(r, init, results), daemon=True) for r in range(2)]
         for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+            p.start()
+        try:
+            return sorted(results.get(timeout=120) for _ in procs)
+        except queue.Empty:
+            raise AssertionError("gloo ranks did not finish") from None
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
 
 
 def test_weighted_allreduce_applies_the_rule_across_two_gloo_ranks_in_either_wire_dtype():
@@ -235,14 +235,12 @@ def _one_sample_gradient(model: torch.nn.Module, rank: int, step: int) -> torch.
     return model.weight.grad.clone()
 
 
-def _powersgd_rank(rank: int, port: int, results) -> None:
+def _powersgd_rank(rank: int, init: str, results) -> None:
     import torch.distributed as dist
     from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
     from torch.nn.parallel import DistributedDataParallel
 
-    dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
-    )
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))
     shares = [0.625, 0.375]
     got = {}
     for staged in (False, True):  # the bucket itself (CPU, CUDA), and a CPU copy of it (MPS's path)

@@ -14,7 +14,6 @@ from datetime import timedelta
 import torch
 import torch.multiprocessing as mp
 
-from hetbench.cluster.addresses import free_port
 from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.config import load_config
 from hetbench.devices import resolve_device, synchronize
@@ -44,10 +43,10 @@ def wire(device: torch.device) -> None:
         print(f"ok: wire {name}: {device} -> wire -> {device}, relative error {error:.1e}")
 
 
-def _rank(rank: int, port: int, device: str, dtype: str, out: str) -> None:
+def _rank(rank: int, device: str, dtype: str, out: str) -> None:
     import torch.distributed as dist
 
-    init = f"tcp://127.0.0.1:{port}"
+    init = f"file://{out}/store"  # the ranks meet at a file: no free port to find and lose
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2, timeout=timedelta(seconds=60))
     try:
         grads = torch.full((1000,), float(rank + 1), device=device)
@@ -62,7 +61,7 @@ def allreduce(device: torch.device) -> None:
     expected = SHARES[0] * 1.0 + SHARES[1] * 2.0
     for dtype in WIRE_DTYPES:
         with tempfile.TemporaryDirectory() as out:
-            mp.start_processes(_rank, args=(free_port(), str(device), dtype, out), nprocs=2, start_method="spawn")
+            mp.start_processes(_rank, args=(str(device), dtype, out), nprocs=2, start_method="spawn")
             for rank in range(2):
                 got = torch.load(f"{out}/{rank}.pt")
                 assert torch.allclose(got, torch.full_like(got, expected), rtol=TOLERANCE[dtype] * 2), (dtype, got[:3])

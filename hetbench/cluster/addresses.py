@@ -39,9 +39,3 @@ def interface_of(address: str) -> str | None:
         if any(a.address == address for a in addresses):
             return name
     return None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

@@ -10,6 +10,7 @@ processes and stopped by PID, never by name.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -20,7 +21,6 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
-from hetbench.cluster.addresses import check_reachable, free_port
 from hetbench.cluster.netns import Link, check_can_emulate, open_links
 from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
@@ -78,21 +78,20 @@ class LocalMultinode:
                 check_can_emulate()
                 self.links = open_links(self.labels[1:], self.rate)
             self.head_ip = head_ip = next(iter(self.links.values())).host_ip if self.links else HOST_IP
-            ray_port, dask_port = free_port(), free_port()
-            self.ray_address = f"{head_ip}:{ray_port}"
-            self.dask_scheduler = f"tcp://{head_ip}:{dask_port}"
+            # Ray's GCS and Dask's scheduler each bind a port the kernel picks and write down where
+            # they listen: no window between choosing a free port and binding it for another to take
             self._ray_node(
                 self.labels[0],
                 [
                     "--head",
-                    f"--port={ray_port}",
+                    "--port=0",
                     f"--node-ip-address={head_ip}",
                     f"--temp-dir={self.temp_dir}",
                     "--include-dashboard=false",
                     "--disable-usage-stats",
                 ],
             )
-            self._wait_listening(self.ray_address, "the Ray head")
+            self.ray_address = self._wait_written(self._ray_address, "the Ray head")
             for label in self.labels[1:]:
                 self._ray_node(
                     label,
@@ -101,6 +100,7 @@ class LocalMultinode:
                         f"--node-ip-address={self.links[label].ns_ip if label in self.links else head_ip}",
                     ],
                 )
+            scheduler_file = os.path.join(self.temp_dir, "dask-scheduler.json")
             self._spawn(
                 [
                     sys.executable,
@@ -109,13 +109,15 @@ class LocalMultinode:
                     "--host",
                     head_ip,
                     "--port",
-                    str(dask_port),
+                    "0",
+                    "--scheduler-file",
+                    scheduler_file,
                     "--no-dashboard",
                     *DASK_HTTP_LOCAL,
                 ],
                 "dask-scheduler",
             )
-            self._wait_listening(self.dask_scheduler, "the Dask scheduler")
+            self.dask_scheduler = self._wait_written(lambda: _scheduler_address(scheduler_file), "the Dask scheduler")
             for w in self.workers:
                 self._dask_worker(w)
             self._wait_ready()
@@ -201,20 +203,26 @@ class LocalMultinode:
                 self._dask_worker(w)
         self._wait_ready()
 
-    def _wait_listening(self, address: str, what: str) -> None:
+    def _ray_address(self) -> str | None:
+        """The head's GCS address, which `ray start` writes into its temp dir once the head is up."""
+        from ray._private.utils import read_ray_address
+
+        return read_ray_address(self.temp_dir)
+
+    def _wait_written(self, read, what: str) -> str:
+        """The address `read()` finds once `what` has written it, within timeout_s."""
         deadline = time.monotonic() + self.timeout_s
         while True:
             self._check_alive()
-            try:
-                check_reachable(address, 1.0)
-                return
-            except UserError:
-                if time.monotonic() > deadline:
-                    raise UserError(
-                        f"local-multinode: {what} did not listen at {address} within "
-                        f"{self.timeout_s:g} s (logs: {self.temp_dir})"
-                    ) from None
-                time.sleep(0.2)
+            address = read()
+            if address:
+                return address
+            if time.monotonic() > deadline:
+                raise UserError(
+                    f"local-multinode: {what} did not say where it listens within "
+                    f"{self.timeout_s:g} s (logs: {self.temp_dir})"
+                )
+            time.sleep(0.2)
 
     def _wait_ready(self) -> None:
         """Every Dask worker joined (Ray nodes are waited for by whoever joins: RayConnection), or who is missing."""
@@ -290,3 +298,12 @@ def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...
             os.environ.pop("RAY_AUTH_TOKEN", None)
         else:
             os.environ["RAY_AUTH_TOKEN"] = saved_token
+
+
+def _scheduler_address(path: str) -> str | None:
+    """The address in a Dask scheduler file, once the scheduler has written it whole."""
+    try:
+        with open(path) as f:
+            return json.load(f).get("address")
+    except (FileNotFoundError, json.JSONDecodeError):  # not yet, or half written
+        return None
