@@ -5,7 +5,8 @@ asks the server to apply it, asks it for the weights, and calls the worker again
 on the worker's wait. Here each worker loops on its own (weights down its channel, compute, its
 gradient up) and a thread of the server's per channel applies what comes up and sends the
 newest weights straight back. The driver opens one global batch's worth of updates per step
-(one call) and closes it, so evaluation reads weights that nothing changes underneath.
+(one call); before an evaluation it closes it, so evaluation reads weights that nothing changes
+underneath, and otherwise updates go on while the driver is between steps.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ class ServingServer(RayServer):
         self.batch_size = 0  # the global batch, which weighs each gradient's share
         self.max_staleness = 0  # how many versions a worker may start ahead of the oldest in flight
         self.update_first = True  # a worker's next weights include its own gradient
-        self.budget = 0  # samples' worth of gradients still to apply in this step (0: hold them)
+        self.budget = 0  # samples' worth of gradients still to apply in this step (below 0: applied ahead)
+        self.lead = 0  # how far below 0 the budget may go while the driver is between steps (0: hold)
         self.started_from: dict[str, int] = {}  # worker name -> the version its batch in hand started from
         self.parked_s: dict[str, float] = {}  # how long each worker was last held back by max_staleness
         self.figures: dict = {}  # what the step's updates saw, until run_step hands it to the driver
@@ -108,7 +110,7 @@ class ServingServer(RayServer):
         """Every worker is sent the newest weights and served from now on; their version. `update_first`:
         a worker's next weights include its own gradient (else they leave before it is applied)."""
         self.batch_size, self.max_staleness, self.update_first = batch_size, max_staleness, update_first
-        self.stopping, self.budget, self.failure = False, 0, None
+        self.stopping, self.budget, self.lead, self.failure = False, 0, 0, None
         self.started_from = {name: self.send_to(name)[1] for name in self.channels}
         self.parked_s = {}
         self._clear()
@@ -117,17 +119,23 @@ class ServingServer(RayServer):
             thread.start()
         return self.version
 
-    def run_step(self, samples: int, timeout_s: float) -> dict:
-        """Apply gradients until `samples` samples' worth are in (the last may overshoot), then hold
-        every further one until the next step; what the step's updates saw."""
+    def run_step(self, samples: int, timeout_s: float, hold: bool = True) -> dict:
+        """Apply gradients until `samples` samples' worth are in (the last may overshoot), less what was
+        applied ahead for it; what the step's updates saw. Then `hold` every further one until the next
+        step (evaluation reads these weights), or go on applying up to the next step's worth, which
+        counts against it: a worker is not kept waiting while the driver is between steps."""
         deadline = time.monotonic() + timeout_s
         with self.turn:
-            self.budget = samples
+            self.budget, self.lead = self.budget + samples, 0
             self.turn.notify_all()
             while self.budget > 0 and self.started_from and not self.failure and time.monotonic() < deadline:
                 self.turn.wait(max(0.0, deadline - time.monotonic()))
             done = self.budget <= 0
-            self.budget = 0
+            if hold:  # an overshoot is forgiven, as the next step starts from weights read here
+                self.budget = 0
+            else:
+                self.budget, self.lead = min(self.budget, 0), samples
+                self.turn.notify_all()
             figures = {**self.figures, "done": done, "lost": self.lost, "failure": self.failure}
             self.lost = []
             self._clear()
@@ -176,7 +184,7 @@ class ServingServer(RayServer):
                 if not self.update_first:  # its next weights leave now; it computes while its gradient is applied
                     started_from = self.started_from.pop(name)
                     self._send_next(name)
-                while self.budget <= 0 and not self.stopping:  # between steps: held until the next opens
+                while self.budget <= -self.lead and not self.stopping:  # held until a step lets it through
                     self.turn.wait()
                 if self.stopping:
                     return

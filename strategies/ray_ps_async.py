@@ -60,6 +60,7 @@ class RayParameterServerAsync(RayParameterServer):
         # the server serves the workers itself (every worker has a channel of its own): fixed at
         # start, as a loss later must not switch a repeat from one path to the other
         self.served = False
+        self.went_on = False  # the last served step left the server applying, into the next step
 
     def start(self) -> None:
         super().start()
@@ -71,6 +72,7 @@ class RayParameterServerAsync(RayParameterServer):
         self.version = 0
         self.next_batch = [0] * len(self.info)  # each worker reads its own stream of slices
         self.in_flight, self.parked, self.parked_at = {}, [], {}
+        self.went_on = False
         if self.served:  # (2a) each worker's first weights down its channel; from then on it loops
             options = (self.settings.max_staleness, self.settings.update_first)
             first = self._server("start_serving", self.job.run.batch_size, *options)
@@ -91,7 +93,7 @@ class RayParameterServerAsync(RayParameterServer):
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
         if self.served:
-            return self._served_step(step)
+            return self._served_step(step, then)
         start, applied = now(), 0
         computes: dict[str, list[float]] = {w["name"]: [] for w in self.info}
         idles, parks = [], []  # per batch applied: its worker's wait for fresh weights before it, held back
@@ -127,11 +129,15 @@ class RayParameterServerAsync(RayParameterServer):
                     self._submit(r, now() - self.parked_at.pop(r))
         return self._timing(now() - start, computes, idles, parks)
 
-    def _served_step(self, step: int) -> StepTiming:
-        """(1)-(3) on the workers and the server alone; here one global batch's worth is let through."""
-        start = now()
-        served = self._server("run_step", self.job.run.batch_size, 0.8 * self.job.cluster.step_timeout_s)
-        total = now() - start
+    def _served_step(self, step: int, then: int | None) -> StepTiming:
+        """(1)-(3) on the workers and the server alone; here one global batch's worth is let through.
+        (4) When the runner goes straight on, the server goes on applying while the driver is away:
+        the next step began where this one ends, and is timed from there."""
+        start = self.ended if self.went_on else now()
+        timeout_s = 0.8 * self.job.cluster.step_timeout_s
+        served = self._server("run_step", self.job.run.batch_size, timeout_s, then is None)
+        self.ended, self.went_on = now(), then is not None
+        total = self.ended - start
         if served["failure"]:
             raise RunFailed(f"{self.name}: {served['failure']}")
         self.at_step = step

@@ -79,6 +79,21 @@ def test_each_step_applies_one_global_batch_and_nothing_between_steps(served):
     assert all(w.started_from[0] == first for w in workers.values())  # both began from the first weights
 
 
+def test_a_step_that_goes_on_applies_ahead_and_the_next_step_counts_it(served):
+    server, _, _ = start(served)
+    assert server.run_step(64, timeout_s=10, hold=False)["done"]
+    went_on = server.version
+    threading.Event().wait(0.3)  # the driver is away: the workers' next gradients are applied meanwhile
+    ahead = server.version - went_on
+    assert ahead >= 1 and server.budget <= 0  # at most one step's worth ahead: 64 samples and one overshoot
+    assert server.budget > -64 - max(BATCHES.values())
+    step = server.run_step(64, timeout_s=10)  # what was applied ahead counts here
+    assert step["done"] and len(step["staleness"]) >= ahead
+    held = server.version
+    threading.Event().wait(0.3)  # held now: evaluation reads these weights
+    assert server.version == held and server.budget == 0
+
+
 @pytest.mark.parametrize("update_first,staleness", [(True, [0] * 6), (False, [0] + [1] * 5)])
 def test_update_first_says_whether_a_worker_goes_on_from_its_own_gradient(served, update_first, staleness):
     server, ends, workers = served
