@@ -147,6 +147,32 @@ def run_child(argv: list[str], env: dict | None = None, timeout: float = 120) ->
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
+def live_processes():
+    """(PID, argv, /proc directory) of each live process; one that ends while it is read is skipped."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = cmdline.read_bytes().split(b"\0")
+        except OSError:
+            continue
+        yield int(cmdline.parent.name), argv, cmdline.parent
+
+
+def processes_mentioning(*needles: str) -> dict[int, str]:
+    """Live processes whose command lines name any of `needles` (cluster addresses, temp dirs): PID ->
+    its state, parent and command line, so a failing check shows what was left and who holds it."""
+    found = {}
+    for pid, argv, proc in live_processes():
+        text = b" ".join(argv).decode(errors="replace")
+        if pid == os.getpid() or not any(n in text for n in needles):
+            continue
+        try:
+            status = dict(line.split(":\t", 1) for line in (proc / "status").read_text().splitlines())
+        except (OSError, ValueError):
+            continue
+        found[pid] = f"{status['State']}, parent {status['PPid']}: {text[:300]}"
+    return found
+
+
 def stop_child(proc: subprocess.Popen, grace_s: float = 60) -> None:
     """A child cut short: SIGTERM first, so a `hetbench run` stops the cluster it started (SIGKILL
     alone, as subprocess.run sends, leaves its nodes running), then killed if still there."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, hetbench, run_child, sets, sigterm_a_run
+from helpers import REPO, hetbench, processes_mentioning, run_child, sets, sigterm_a_run
 from hetbench.errors import UserError
 
 # quick.yaml on two local nodes, the mac's worker 3x slower: a few steps, accuracy on 300 images
@@ -43,21 +43,6 @@ def records_of(results: Path) -> list[dict]:
     files = list((results / "raw").glob("*.json")) if (results / "raw").is_dir() else []
     text = files[0].read_text() if files else ""
     return json.loads(text) if text else []
-
-
-def processes_mentioning(*needles: str) -> dict[int, str]:
-    """Live processes whose command lines name any of `needles` (cluster addresses, temp dirs): PID ->
-    its state, parent and command line, so a failing check shows what was left and who holds it."""
-    found = {}
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            status = dict(line.split(":\t", 1) for line in (cmdline.parent / "status").read_text().splitlines())
-        except (OSError, ValueError):
-            continue
-        if any(n in text for n in needles) and str(os.getpid()) != cmdline.parent.name:
-            found[int(cmdline.parent.name)] = f"{status['State']}, parent {status['PPid']}: {text[:300]}"
-    return found
 
 
 def cluster_addresses(records: list[dict]) -> list[str]:

@@ -6,26 +6,18 @@ import random
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
+from helpers import live_processes
 from hetbench.cluster.processes import kill_trees, stop_trees
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process trees are read from /proc")
 
 
 def sleepers(seconds: str) -> list[int]:
-    """PIDs of live `sleep <seconds>` processes, whoever their parent."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            argv = cmdline.read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[:2] == [b"sleep", seconds.encode()]:
-            found.append(int(cmdline.parent.name))
-    return found
+    """PIDs of live `sleep <seconds>` processes, whoever their parent (not the shell that forks them)."""
+    return [pid for pid, argv, _ in live_processes() if argv[:2] == [b"sleep", seconds.encode()]]
 
 
 @pytest.mark.parametrize("stop", [kill_trees, stop_trees], ids=["kill", "stop"])
