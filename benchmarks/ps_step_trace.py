@@ -126,14 +126,15 @@ def trace(cfg, steps: int, server_threads: int | None) -> tuple[list[dict], list
         strategy.close()
 
 
-def hops(worker: dict, server: list[dict], first: int) -> dict[str, list[float]]:
-    """Each hop's seconds per step, from step `first` to the last but one (its next call is the next step's)."""
-    seconds: dict[str, list[float]] = {label: [] for _, _, label in HOPS}
+def hops(worker: dict, server: list[dict], first: int, hop_list: list = HOPS) -> dict[str, list[float]]:
+    """Each hop's seconds per step, from step `first` to the last but one (its next call is the next
+    step's): `hop_list` of (stamp, stamp, label), a stamp of the worker's next step named next_*."""
+    seconds: dict[str, list[float]] = {label: [] for _, _, label in hop_list}
     seconds.update({"compute (slowed)": [], "optimizer step": [], "gap between computes": []})
     for step in range(first, len(server) - 1):
         now, after = worker[step], worker[step + 1]
-        stamps = {**now, **server[step], "next_computing": after["computing"]}
-        for start, end, label in HOPS:
+        stamps = {**now, **server[step], **{f"next_{k}": v for k, v in after.items()}}
+        for start, end, label in hop_list:
             seconds[label].append(stamps[end] - stamps[start])
         seconds["compute (slowed)"].append(now["computed"] - now["computing"])
         seconds["optimizer step"].append(server[step]["optimizer_s"])
