@@ -31,7 +31,7 @@ class DaskSync(ParameterServerDriver):
     via = "dask"
     replica = DaskReplica
     by_value = "tcp"
-    calls_wait_for_weights = False  # a call is sent the weights themselves: it can only follow the update
+    calls_wait_for_weights = False  # a call is sent the weights themselves, once `_apply` made them
 
     def _apply(self, grads: list, ticket: int | None) -> tuple:
         # (2b) the gradients sent by value first: the server is this process

@@ -133,12 +133,12 @@ class ParameterServerDriver(Strategy, HandsOff):
         self.pending = [h for call in self.calls for h in call]
         self.newest, self.update = self._apply(grads, ticket if self.host else None)
         # (4) when the runner goes straight on, the next step's calls are queued now: each worker
-        # starts as soon as the new weights exist, with no round trip through here
-        early = [r for r in ranks if handed_off[r] or self.calls_wait_for_weights]
+        # starts as soon as the new weights exist, with no round trip through here (a call sent the
+        # weights themselves, as dask-sync's are, goes with them: its update ran in `_apply`)
         self.ahead = None
-        if then is not None and early:
+        if then is not None:
             next_ticket = self._next_ticket()
-            self.ahead = (then, next_ticket, {r: self._compute(r, then, next_ticket, after=ticket) for r in early})
+            self.ahead = (then, next_ticket, {r: self._compute(r, then, next_ticket, after=ticket) for r in ranks})
             self.pending += [h for call in self.ahead[2].values() for h in call]
         compute = self.placed.results([call[1] for call in self.calls], f"step {step}", survivable=True)
         (update,) = self.placed.results([self.update], f"step {step}", survivable=True)

@@ -4,10 +4,12 @@ import os
 import signal
 
 import pytest
+import torch
 
-from helpers import LABELLED, made, placed_workers, run_killing_a_worker, small_config
+from helpers import LABELLED, UNEQUAL, made, placed_workers, run_killing_a_worker, small_config
 from hetbench.errors import UserError
 from hetbench.strategies import dask_sync
+from hetbench.transport.host_memory import HostBuffers
 
 
 @pytest.mark.slow
@@ -51,6 +53,26 @@ def test_workers_go_to_the_dask_worker_with_their_label(tmp_path, shared_cluster
                 strategy.start()
         finally:
             strategy.close()
+
+
+def test_a_worker_sent_its_weights_is_called_ahead_once_they_exist(tmp_path, shared_cluster, monkeypatch):
+    # no shared memory: each call carries the weights, which exist once the update here is done
+    monkeypatch.setattr(HostBuffers, "create", classmethod(lambda cls, *args: None))
+    strategy = made(dask_sync.DaskSync, small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
+    try:
+        strategy.start()
+        assert [i["transport"] for i in strategy.info] == ["tcp", "tcp"]
+        trained = []
+        for ahead in (True, False):
+            strategy.reset(0)
+            strategy.step(0, 1 if ahead else None)
+            queued = strategy.ahead and (strategy.ahead[0], sorted(strategy.ahead[2]))
+            assert queued == ((1, [0, 1]) if ahead else None)
+            strategy.step(1, None)
+            trained.append(strategy.weights())
+    finally:
+        strategy.close()
+    assert torch.equal(trained[0], trained[1])  # the call queued ahead computed on the updated weights
 
 
 def test_only_a_worker_at_an_address_of_this_host_shares_its_memory():
