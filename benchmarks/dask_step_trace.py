@@ -20,16 +20,10 @@ Dask call). Medians over the steps after `--warmup`.
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
-from statistics import median
 
-from ps_step_trace import hops
-from script_cluster import cluster_of, run_script
-
-from hetbench.cluster.ray_connection import use_ray_defaults
-from hetbench.errors import UserError
+from ps_step_trace import traced_main
+from script_cluster import run_script
 
 HOPS = [
     ("computed", "answered", "gradient made ready to send"),
@@ -119,49 +113,7 @@ def trace(cfg, steps: int) -> tuple[dict, list[dict], list, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "-c", "--config", default="benchmarks/configs/hetero-local.yaml", help="a run config (default: %(default)s)"
-    )
-    parser.add_argument("--set", action="append", default=[], help="key=value, as `hetbench run --set`")
-    parser.add_argument("--steps", type=int, default=40, help="steps traced (default: %(default)s)")
-    parser.add_argument("--warmup", type=int, default=5, help="first steps left out (default: %(default)s)")
-    parser.add_argument("--out", default=None, help="where to write the JSON record (default: print only)")
-    args = parser.parse_args()
-    if args.steps < args.warmup + 3:
-        raise UserError("--steps must leave at least 3 steps after --warmup")
-    use_ray_defaults()  # as the CLI does, before Ray is imported (the cluster's Ray nodes start too)
-    from hetbench.config import load_config
-    from hetbench.floor import measure_floor
-    from hetbench.gradients import count_parameters
-    from hetbench.results.records import environment
-    from hetbench.strategies import registry
-    from hetbench.workload import Net
-
-    # hetero-local's auto split, as its runs settle it (the runner's standalone timings are not here)
-    split = ["balance=[equal]", "workers.0.batch=192", "workers.1.batch=64"]
-    cfg = load_config(args.config, [*split, *args.set], registry.declared())
-    with cluster_of(cfg) as cfg:
-        worker, server, timings, far = trace(cfg, args.steps)
-        _, ps = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
-    seconds = hops(worker, server, args.warmup, HOPS)
-    overhead = median(t.sync_overhead_s for t in timings[args.warmup :])
-    print(f"dask-sync, {cfg.workers[far].name}'s hops (median of {len(server) - 1 - args.warmup} steps, ms):")
-    for label, values in seconds.items():
-        print(f"  {label:36s} {median(values) * 1000:8.2f}")
-    print(f"  {'sync overhead (the driver)':36s} {overhead * 1000:8.2f}")
-    print(f"  {'ps-floor (no Dask call)':36s} {ps['roundtrip_s'] * 1000:8.2f}  CV {ps['roundtrip_cv']:.0%}")
-    if args.out:
-        record = {
-            "hops_s": seconds,
-            "sync_overhead_s": [t.sync_overhead_s for t in timings],
-            "ps_floor": ps,
-            "far_worker": cfg.workers[far].name,
-            "env": environment(),
-            "config": cfg.as_dict(),
-        }
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1, default=str)
+    traced_main(__doc__, "dask-sync", lambda cfg, args: trace(cfg, args.steps), HOPS)
 
 
 if __name__ == "__main__":

@@ -142,15 +142,19 @@ def hops(worker: dict, server: list[dict], first: int, hop_list: list = HOPS) ->
     return seconds
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def traced_main(doc: str, name: str, trace, hop_list: list, *options) -> None:
+    """A trace script's command line: `trace(cfg, args)` -> (the far worker's stamps, the server's,
+    the step timings, the far rank) on the config's cluster, beside the ps-floor; the hops of
+    `hop_list` printed (and kept with --out). `options`: (flags, add_argument's keywords) of its own."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument(
         "-c", "--config", default="benchmarks/configs/hetero-local.yaml", help="a run config (default: %(default)s)"
     )
     parser.add_argument("--set", action="append", default=[], help="key=value, as `hetbench run --set`")
     parser.add_argument("--steps", type=int, default=40, help="steps traced (default: %(default)s)")
     parser.add_argument("--warmup", type=int, default=5, help="first steps left out (default: %(default)s)")
-    parser.add_argument("--server-threads", type=int, default=None, help="the update's threads (default: ray-ps's)")
+    for flags, keywords in options:
+        parser.add_argument(*flags, **keywords)
     parser.add_argument("--out", default=None, help="where to write the JSON record (default: print only)")
     args = parser.parse_args()
     if args.steps < args.warmup + 3:
@@ -167,27 +171,36 @@ def main() -> None:
     split = ["balance=[equal]", "workers.0.batch=192", "workers.1.batch=64"]
     cfg = load_config(args.config, [*split, *args.set], registry.declared())
     with cluster_of(cfg) as cfg:
-        workers, server, timings, far = trace(cfg, args.steps, args.server_threads)
+        worker, server, timings, far = trace(cfg, args)
         _, ps = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
-    seconds = hops(workers[far], server, args.warmup)
+    seconds = hops(worker, server, args.warmup, hop_list)
     overhead = median(t.sync_overhead_s for t in timings[args.warmup :])
-    print(f"ray-ps, {cfg.workers[far].name}'s hops (median of {len(server) - 1 - args.warmup} steps, ms):")
+    print(f"{name}, {cfg.workers[far].name}'s hops (median of {len(server) - 1 - args.warmup} steps, ms):")
     for label, values in seconds.items():
-        print(f"  {label:32s} {median(values) * 1000:8.2f}")
-    print(f"  {'sync overhead (the driver)':32s} {overhead * 1000:8.2f}")
-    print(f"  {'ps-floor (no Ray call)':32s} {ps['roundtrip_s'] * 1000:8.2f}  CV {ps['roundtrip_cv']:.0%}")
+        print(f"  {label:36s} {median(values) * 1000:8.2f}")
+    print(f"  {'sync overhead (the driver)':36s} {overhead * 1000:8.2f}")
+    print(f"  {'ps-floor (no ' + name + ' call)':36s} {ps['roundtrip_s'] * 1000:8.2f}  CV {ps['roundtrip_cv']:.0%}")
     if args.out:
         record = {
             "hops_s": seconds,
             "sync_overhead_s": [t.sync_overhead_s for t in timings],
             "ps_floor": ps,
             "far_worker": cfg.workers[far].name,
-            "server_threads": args.server_threads,
+            "args": vars(args),
             "env": environment(),
             "config": cfg.as_dict(),
         }
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1, default=str)
+
+
+def main() -> None:
+    def traced(cfg, args) -> tuple:
+        workers, server, timings, far = trace(cfg, args.steps, args.server_threads)
+        return workers[far], server, timings, far
+
+    threads = (["--server-threads"], dict(type=int, default=None, help="the update's threads (default: ray-ps's)"))
+    traced_main(__doc__, "ray-ps", traced, HOPS, threads)
 
 
 if __name__ == "__main__":
