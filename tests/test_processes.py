@@ -1,11 +1,13 @@
 """Stopping a process tree while it forks: nothing it forked outlives it (a booting raylet starting its
-agents as its node is killed)."""
+agents as its node is killed), nor what a process that ended first left to init (the agents of a
+raylet that exited by itself)."""
 
 import os
 import random
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,3 +41,25 @@ def test_a_tree_that_keeps_forking_leaves_no_orphan(stop):
             except ProcessLookupError:
                 pass
         forker.wait(timeout=10)
+
+
+@pytest.mark.parametrize("stop", [kill_trees, stop_trees], ids=["kill", "stop"])
+def test_what_a_dead_parent_left_to_init_is_stopped_with_the_session(stop):
+    seconds = str(random.randint(900_000, 999_999))
+    # the middle shell starts a sleeper and exits: the sleeper's parent is init now, not the leader
+    leader = subprocess.Popen(["sh", "-c", f"sh -c 'sleep {seconds} &'; exec sleep 300"], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 10
+        while not sleepers(seconds) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (orphan,) = sleepers(seconds)
+        assert orphan not in [int(p) for p in Path(f"/proc/{leader.pid}/task/{leader.pid}/children").read_text().split()]
+        stop([leader])
+        assert leader.poll() is not None and sleepers(seconds) == []
+    finally:
+        for pid in [leader.pid, *sleepers(seconds)]:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        leader.wait(timeout=10)

@@ -25,25 +25,34 @@ def peak_rss_mb() -> float:
     return int(kib) / 2**10
 
 
-def children_of() -> dict[int, list[int]]:
-    """Parent PID -> child PIDs, from /proc (Linux: where local clusters run)."""
+def children_and_sessions() -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Parent PID -> child PIDs, and session ID -> member PIDs, from /proc (Linux: where local clusters run)."""
     tree: dict[int, list[int]] = {}
+    sessions: dict[int, list[int]] = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # state, ppid, pgrp, session, ...
         except OSError:  # the process ended while we looked
             continue
-        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    return tree
+        pid = int(stat.parent.name)
+        tree.setdefault(int(fields[1]), []).append(pid)
+        sessions.setdefault(int(fields[3]), []).append(pid)
+    return tree, sessions
 
 
 def descendants(pid: int) -> list[int]:
-    """`pid` and every process below it. Ray's workers leave the process group, so the tree it is."""
-    tree, found, todo = children_of(), [], [pid]
+    """`pid`, every process below it, and, where `pid` leads a session (started with
+    start_new_session), every member of that session. Ray's workers leave the process group, so the
+    tree it is; and a process whose parent ended first (a raylet that exited by itself, or was killed
+    before it was listed, leaves its booting agents) is reparented to init, out of the tree, but
+    stays in the session."""
+    tree, sessions = children_and_sessions()
+    found, todo = [], [pid, *sessions.get(pid, [])]
     while todo:
         p = todo.pop()
-        found.append(p)
-        todo.extend(tree.get(p, []))
+        if p not in found:
+            found.append(p)
+            todo.extend(tree.get(p, []))
     return found
 
 
@@ -69,8 +78,8 @@ def frozen_trees(procs: list[subprocess.Popen], timeout_s: float = 5.0) -> list[
     deadline = time.monotonic() + timeout_s
     while True:
         new = [p for proc in procs for p in descendants(proc.pid) if p not in pids]
-        if not new or time.monotonic() > deadline:
-            return pids
+        if not new or time.monotonic() > deadline:  # past it, what is listed is signalled unstopped
+            return pids + new
         _signal(new, signal.SIGSTOP)
         pids += new
         while any(_state(p) not in "TtZX" for p in new) and time.monotonic() < deadline:
