@@ -208,7 +208,11 @@ class Replica:
         seconds = now(self.device) - start
         delay = (self.spec.slowdown - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
         if delay > 0:
+            slept_from = time.perf_counter()
             time.sleep(delay)
+            # the wait as it elapsed: on a busy box a sleep ends late, and a streamed step sleeps at
+            # every hand-off; what it overran by would otherwise read as the strategy's sync overhead
+            delay = time.perf_counter() - slept_from
         return seconds + delay
 
 

@@ -33,6 +33,15 @@ def test_time_spent_waiting_for_a_cpu_is_not_multiplied(monkeypatch):
     assert seconds == pytest.approx(0.1 + 2 * 0.06, abs=0.05)
 
 
+def test_an_emulated_wait_counts_as_long_as_it_took(monkeypatch):
+    sleep = time.sleep
+    monkeypatch.setattr(time, "sleep", lambda s: sleep(s + 0.05))  # a busy box wakes the worker late
+    started = time.perf_counter()
+    seconds = replica_slowed(3.0).work(lambda: spin(0.1))
+    assert seconds == pytest.approx(0.35, abs=0.03)  # its work, the 0.2 s asked for and the 0.05 overrun
+    assert time.perf_counter() - started == pytest.approx(seconds, abs=0.01)
+
+
 def test_a_worker_not_slowed_takes_its_own_time():
     assert replica_slowed(1.0).work(lambda: time.sleep(0.05)) == pytest.approx(0.05, abs=0.02)
 
