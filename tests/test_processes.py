@@ -22,6 +22,16 @@ def sleepers(seconds: str) -> list[int]:
     return [pid for pid, argv, _ in live_processes() if argv[:2] == [b"sleep", seconds.encode()]]
 
 
+def kill_all(leader: subprocess.Popen, seconds: str) -> None:
+    """Whatever a failed test left: the leader and its sleepers."""
+    for pid in [leader.pid, *sleepers(seconds)]:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    leader.wait(timeout=10)
+
+
 @pytest.mark.parametrize("stop", [kill_trees, stop_trees], ids=["kill", "stop"])
 def test_a_tree_that_keeps_forking_leaves_no_orphan(stop):
     seconds = str(random.randint(900_000, 999_999))  # names this test's sleepers alone
@@ -35,12 +45,7 @@ def test_a_tree_that_keeps_forking_leaves_no_orphan(stop):
         assert forker.poll() is not None
         assert sleepers(seconds) == []
     finally:
-        for pid in [forker.pid, *sleepers(seconds)]:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        forker.wait(timeout=10)
+        kill_all(forker, seconds)
 
 
 @pytest.mark.parametrize("stop", [kill_trees, stop_trees], ids=["kill", "stop"])
@@ -53,13 +58,9 @@ def test_what_a_dead_parent_left_to_init_is_stopped_with_the_session(stop):
         while not sleepers(seconds) and time.monotonic() < deadline:
             time.sleep(0.05)
         (orphan,) = sleepers(seconds)
-        assert orphan not in [int(p) for p in Path(f"/proc/{leader.pid}/task/{leader.pid}/children").read_text().split()]
+        children = Path(f"/proc/{leader.pid}/task/{leader.pid}/children").read_text().split()
+        assert str(orphan) not in children
         stop([leader])
         assert leader.poll() is not None and sleepers(seconds) == []
     finally:
-        for pid in [leader.pid, *sleepers(seconds)]:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        leader.wait(timeout=10)
+        kill_all(leader, seconds)
