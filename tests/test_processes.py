@@ -64,3 +64,16 @@ def test_what_a_dead_parent_left_to_init_is_stopped_with_the_session(stop):
         assert leader.poll() is not None and sleepers(seconds) == []
     finally:
         kill_all(leader, seconds)
+
+
+def test_what_a_process_starts_as_it_is_stopped_is_stopped_too():
+    seconds = str(random.randint(900_000, 999_999))
+    # on SIGTERM the leader starts a sleeper and exits, as a raylet restarts an agent while shutting down
+    script = f"trap 'sleep {seconds} & exit 0' TERM; while :; do sleep 0.05; done"
+    leader = subprocess.Popen(["sh", "-c", script], start_new_session=True)
+    try:
+        time.sleep(0.3)  # the trap is set
+        stop_trees([leader])
+        assert leader.poll() is not None and sleepers(seconds) == []
+    finally:
+        kill_all(leader, seconds)

@@ -96,6 +96,9 @@ def stop_trees(procs: list[subprocess.Popen], grace_s: float = 5.0) -> None:
         for proc in procs:
             proc.poll()
         time.sleep(0.1)
+    # what they started while shutting down (a raylet restarts an agent it saw end before its own
+    # SIGTERM ends it): its parent gone, found by its session, stopped and killed with the rest
+    pids += [p for p in frozen_trees(procs) if p not in pids]
     _signal([p for p in pids if alive(p)], signal.SIGKILL)
     _reap(procs, pids, grace_s)
 
