@@ -24,7 +24,7 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     # ray-ps-async here: the one registered strategy without a barrier, so no equivalence test covers it
     settings = ["strategies=[single, ray-ps-async]", "steps=6", "warmup_steps=1", "repeats=2", "eval_every=3"]
     settings += ["standalone_steps=2", "floor.iterations=3", "ray-ps-async.max_staleness=1", "download=false"]
-    settings += ["test_samples=300", "eval_samples=300", *shared_cluster.overrides]
+    settings += ["test_samples=300", "eval_samples=300", "fine_eval_every=0", *shared_cluster.overrides]
     result = cli("run", "-c", "benchmarks/configs/quick.yaml", *sets(*settings), "--results-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
     (raw,) = (tmp_path / "raw").glob("*-quick-*.json")
@@ -35,6 +35,7 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     # every worker's gradients were applied, none staler than the bound (a worker's own update in between)
     staleness = ps_async["staleness"]
     assert sum(staleness["histogram"].values()) >= 2 * 6 and staleness["max"] <= 2
+    # checked every eval_every steps (fine checks near the target off: a lucky repeat would add some)
     assert [p["step"] for p in ps_async["accuracy_curve"]][:2] == [3, 6]
     # its overhead: the workers' own wait for fresh weights after each batch, never the step's leftover
     assert 0 < ps_async["step"]["sync_overhead_s"] < ps_async["step"]["total_s"]
