@@ -148,10 +148,11 @@ def test_times_to_target_within_the_runs_resolution_and_spread_are_said_to_match
 def test_the_checks_around_the_crossing_set_the_resolution_and_steps_stand_beside_the_seconds():
     # fine checks near the target: the crossing lay within 0.3 s (the driver's widest bracket), not
     # within one eval_every interval (2.1 s here), so 1.5 s apart is a gain this run can tell
+    # (the two on other seeds: their repeats are not paired)
     config = {"batch_size": 256, "eval_every": 25}
     fine = {"repeat_target_bracket_s": [0.3, 0.2, 0.25], "repeat_time_to_target_s": [38.5, 38.5, 38.5]}
-    base = {**SINGLE, **fine, "config": config, "steps_to_target": 47}
-    row = {**ALLREDUCE, **fine, "config": config, "time_to_target_s": 38.5, "steps_to_target": 46}
+    base = {**SINGLE, **fine, "config": {**config, "seed": 0}, "steps_to_target": 47}
+    row = {**ALLREDUCE, **fine, "config": {**config, "seed": 1}, "time_to_target_s": 38.5, "steps_to_target": 46}
     assert verdict([base, FLOOR, row])[0].endswith(
         "; 97% test accuracy after 38 s (46 steps) of training against 40 s (47 steps) for desk alone."
     )
@@ -161,3 +162,54 @@ def test_the_checks_around_the_crossing_set_the_resolution_and_steps_stand_besid
         "as far as this run can tell (38 s (46 steps) and 40 s (47 steps): within 2.3 s)"
         in verdict([spread, FLOOR, row])[0]
     )
+
+
+def paired(times, brackets, time_to_target, **extra):
+    """A row's (or the baseline's) evaluated repeats on seeds 0, 1, 2 of one run."""
+    return {
+        "repeat_time_to_target_s": times,
+        "repeat_target_bracket_s": brackets,
+        "time_to_target_s": time_to_target,
+        "config": {"batch_size": 256, "eval_every": 25, "seed": 0},
+        **extra,
+    }
+
+
+def test_repeats_on_the_same_seeds_are_compared_pair_by_pair():
+    # the baseline's repeats spread 6 s, wider than the 2 s gain: unpaired, the times would match;
+    # on the same seeds each pair's crossings lie 1.5-2.5 s apart, beyond the 0.5 s checks around them
+    base = {**SINGLE, **paired([37.0, 40.0, 43.0], [0.5, 0.5, 0.5], 40.0)}
+    row = {**ALLREDUCE, **paired([35.0, 38.5, 40.5], [0.5, 0.5, 0.5], 38.5)}
+    assert verdict([base, FLOOR, row])[0].endswith(
+        "; 97% test accuracy after 38 s of training against 40 s for desk alone: sooner in each of 3 repeats "
+        "on the same seeds, by 1.5-2.5 s."
+    )
+    # later in each pair: said so, not hidden as a match
+    slow = {**ALLREDUCE, **paired([39.0, 42.0, 45.0], [0.5, 0.5, 0.5], 42.0)}
+    assert "later in each of 3 repeats on the same seeds, by 2.0 s" in verdict([base, FLOOR, slow])[0]
+
+
+def test_a_pair_whose_crossings_the_checks_cannot_tell_apart_makes_the_times_match():
+    base = {**SINGLE, **paired([37.0, 40.0, 43.0], [0.5, 2.0, 0.5], 40.0)}
+    # the second pair: 38.5 s against a crossing somewhere in the baseline's (38, 40]
+    row = {**ALLREDUCE, **paired([35.0, 38.5, 40.5], [0.5, 0.5, 0.5], 38.5)}
+    assert verdict([base, FLOOR, row])[0].endswith(
+        "; 97% test accuracy in the same training time as desk alone, as far as this run can tell "
+        "(38 s and 40 s: apart beyond the checks around the crossings in 2 of 3 repeats on the same seeds)."
+    )
+
+
+def test_repeats_that_cannot_be_paired_fall_back_to_the_runs_resolution_and_spread():
+    from hetbench.results.verdict import seeded_pairs
+
+    base = {**SINGLE, **paired([37.0, 40.0, 43.0], [0.5, 0.5, 0.5], 40.0)}
+    row = {**ALLREDUCE, **paired([35.0, 38.5, 40.5], [0.5, 0.5, 0.5], 38.5)}
+    assert seeded_pairs(row, base) == [(35.0, 37.0, 0.5, 0.5), (38.5, 40.0, 0.5, 0.5), (40.5, 43.0, 0.5, 0.5)]
+    assert seeded_pairs({**row, "config": {**row["config"], "seed": 7}}, base) is None  # other seeds
+    assert seeded_pairs({**row, "repeat_time_to_target_s": [35.0, 38.5]}, base) is None  # other counts
+    assert seeded_pairs({**row, "repeat_time_to_target_s": [35.0, None, 40.5]}, base) is None  # not reached
+    assert seeded_pairs({**row, "repeat_target_bracket_s": None}, base) is None  # records before brackets
+    one = {**row, "repeat_time_to_target_s": [35.0], "repeat_target_bracket_s": [0.5]}
+    assert seeded_pairs(one, {**base, **one}) is None  # one pair is no comparison
+    unpaired = {**row, "config": {**row["config"], "seed": 7}}
+    assert "as far as this run can tell (38 s and 40 s: within 6.5 s)" in verdict([base, FLOOR, unpaired])[0]

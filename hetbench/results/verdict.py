@@ -101,14 +101,60 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
     target = record.get("target_accuracy")
     if mine is None or theirs is None or target is None:
         return ""
-    margin = max(uncertainty(record), uncertainty(base))
     mine_at, theirs_at = f"{mine:.0f} s{_steps(record)}", f"{theirs:.0f} s{_steps(base)}"
+    if pairs := seeded_pairs(record, base):
+        return _paired(pairs, target, mine_at, theirs_at, alone)
+    margin = max(uncertainty(record), uncertainty(base))
     if abs(mine - theirs) <= margin:  # a gain this run cannot tell from its resolution and spread
         return (
             f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run "
             f"can tell ({mine_at} and {theirs_at}: within {margin:.1f} s)"
         )
     return f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone"
+
+
+def _paired(pairs: list[tuple], target: float, mine_at: str, theirs_at: str, alone: str) -> str:
+    """The claim from repeats on the same seeds: sooner (or later) only where every pair's crossings
+    lie apart beyond the checks around each, else the same time."""
+    told = [_told_apart(*pair) for pair in pairs]
+    n = len(pairs)
+    if told in ([1] * n, [-1] * n):
+        gains = [abs(theirs - mine) for mine, theirs, _, _ in pairs]
+        least, most = f"{min(gains):.1f}", f"{max(gains):.1f}"
+        return (
+            f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone: "
+            f"{'sooner' if told[0] == 1 else 'later'} in each of {n} repeats on the same seeds, "
+            f"by {least if least == most else f'{least}-{most}'} s"
+        )
+    return (
+        f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run can tell "
+        f"({mine_at} and {theirs_at}: apart beyond the checks around the crossings in {n - told.count(0)} of "
+        f"{n} repeats on the same seeds)"
+    )
+
+
+def _told_apart(mine: float, theirs: float, my_bracket: float, their_bracket: float) -> int:
+    """1 where the row crossed the target before the baseline could have (the crossing lies within
+    the bracket before each reported time), -1 where after, 0 where the checks cannot tell."""
+    if mine <= theirs - their_bracket:
+        return 1
+    return -1 if theirs <= mine - my_bracket else 0
+
+
+def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, float]] | None:
+    """Each evaluated repeat beside the baseline's on the same seed (the same initial weights and
+    batch order: a synchronous step is one step on the union batch, so their curves should match):
+    (its time to target, the baseline's, the seconds since the check before each). None where
+    they cannot be paired: other seeds, other repeat counts, a repeat that did not reach the target,
+    or records from before the brackets."""
+    times = [record.get("repeat_time_to_target_s") or [], base.get("repeat_time_to_target_s") or []]
+    brackets = [record.get("repeat_target_bracket_s") or [], base.get("repeat_target_bracket_s") or []]
+    seeds = [(r.get("config") or {}).get("seed") for r in (record, base)]
+    columns = [*times, *brackets]
+    if seeds[0] != seeds[1] or len(times[0]) < 2 or len({len(c) for c in columns}) != 1:
+        return None
+    pairs = list(zip(*columns))
+    return None if any(None in pair for pair in pairs) else pairs
 
 
 def _steps(record: dict) -> str:
