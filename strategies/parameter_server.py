@@ -128,8 +128,7 @@ class ParameterServerDriver(Strategy, HandsOff):
         self.calls = [queued.get(r) or self._compute(r, step, ticket) for r in ranks]
         # (2) (3) the server combines the gradients by the sample-weighted rule and steps: one in
         # shared memory is waited for on its slot's counter, the others come by value
-        handed_off = [self._handed_off(r) for r in ranks]
-        grads = [self.slots[r] if handed_off[r] else self._gradient_handle(r, ticket) for r in ranks]
+        grads = [self.slots[r] if self._handed_off(r) else self._gradient_handle(r, ticket) for r in ranks]
         self.pending = [h for call in self.calls for h in call]
         self.newest, self.update = self._apply(grads, ticket if self.host else None)
         # (4) when the runner goes straight on, the next step's calls are queued now: each worker
