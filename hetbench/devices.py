@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import ctypes
-import os
 
 import torch
 
+from hetbench.cores import usable_cores
 from hetbench.errors import UserError
 
 AUTO = "auto"
@@ -68,8 +68,8 @@ def describe(device: torch.device) -> str:
 
 
 def configure_threads(threads: int, processes_sharing_host: int = 1) -> None:
-    """Set torch's intra-op threads: `threads`, or for 0 this host's cores split among its training processes."""
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // processes_sharing_host))
+    """Set torch's intra-op threads: `threads`, or for 0 this host's usable cores split among its training processes."""
+    torch.set_num_threads(threads or max(1, usable_cores() // processes_sharing_host))
 
 
 def keep_freed_memory() -> None:

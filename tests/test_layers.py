@@ -12,7 +12,7 @@ import hetbench
 
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
-    {"errors", "inputs", "identity", "devices", "clock", "progress", "step_timing"},
+    {"errors", "inputs", "identity", "cores", "devices", "clock", "progress", "step_timing"},
     {"workload", "gradients", "partial_step", "balance", "train_state", "device_check"},
     {"config"},
     {"data", "training"},

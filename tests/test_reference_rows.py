@@ -5,6 +5,7 @@ import json
 import os
 
 from helpers import small_config
+from hetbench.cores import usable_cores
 from hetbench.floor import floor_ranks
 from hetbench.runner import run
 from hetbench.scenarios import reference_first
@@ -30,7 +31,7 @@ def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_
     assert (worker["name"], worker["node_id"], worker["batch"]) == ("m", shared_cluster.node_ids["mac"], 24)
     assert worker["pid"] != os.getpid()
     # the threads `m` has in the distributed rows: in a joined cluster, its node's cores (it is alone there)
-    assert worker["threads"] == os.cpu_count()
+    assert worker["threads"] == usable_cores()
     assert single["reference"] == {"worker": "m", "chosen_by": "first configured worker"}
     assert floor["status"] == "ok" and floor["allreduce_s"] > 0
     assert floor["path"]["between"] == ["m", "d"] and floor["path"]["nodes"] == ["mac", "desktop"]

@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from hetbench.cores import usable_cores
+
 LABEL_KEY = "hetbench-node"  # the Ray node label that names a node's placement label
 
 # The environment of every Dask scheduler and worker a hetbench node starts (compose.yaml sets the
@@ -65,7 +67,7 @@ def ray_node_argv(label: str, *args: str, num_cpus: int | None = None) -> list[s
         ray,
         "start",
         "--block",
-        f"--num-cpus={num_cpus or os.cpu_count()}",
+        f"--num-cpus={num_cpus or usable_cores()}",
         f"--resources={json.dumps({label: 1000})}",
         f"--labels={json.dumps({LABEL_KEY: label})}",
         *args,

@@ -15,6 +15,7 @@ import time
 
 from hetbench.cluster.addresses import check_reachable
 from hetbench.config import ClusterConfig, WorkerConfig
+from hetbench.cores import usable_cores
 from hetbench.errors import UserError
 
 RAY_ENV = {
@@ -193,7 +194,7 @@ class RayConnection:
         self.temp_dir = tempfile.mkdtemp(prefix="hbray-")
         self.ray.init(
             address="local",
-            num_cpus=os.cpu_count(),
+            num_cpus=usable_cores(),
             resources={label: 1000.0 for label in labels},
             _temp_dir=self.temp_dir,
             **quiet,

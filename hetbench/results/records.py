@@ -13,6 +13,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from hetbench.cores import usable_cores
 from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
@@ -46,6 +47,7 @@ def environment() -> dict:
         "host": platform.node(),
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
+        "usable_cores": usable_cores(),  # of them, those this process may run on (affinity, cpuset)
         "devices": [describe(resolve_device(d)) for d in available_devices()],
         "git_commit": git_commit(),
         "code_hash": code_hash(),  # the same on every machine running this code, .git or not
