@@ -299,6 +299,6 @@ own processes and data; Ray starts once per run, before the rows (ray_startup_s 
 time to target: training clock (evaluation excluded) until the test accuracy first reached the
 config's target_accuracy, median over the evaluated repeats; steps to target (--wide, CSV): the same
 in steps. Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is
-within fine_eval_within of the target: the crossing is known to that interval. The verdict claims a
-time gain only where each evaluated repeat reached the target sooner than the baseline's repeat on
-the same seed, beyond the checks around both crossings."""
+within fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each
+evaluated repeat with the baseline's on the same seed, and claims a time gain only where the pairs'
+median gain exceeds the widest check interval around a crossing plus the gains' spread."""
