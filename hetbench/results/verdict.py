@@ -120,7 +120,8 @@ def _paired(pairs: list[tuple], target: float, mine_at: str, theirs_at: str, alo
     beyond the widest checks around a crossing plus the pairs' own spread; else the same time."""
     gains = [theirs - mine for mine, theirs, _, _ in pairs]
     gain = statistics.median(gains)
-    margin = max(max(b) for b in (p[2:] for p in pairs)) + max(gains) - min(gains)
+    widest = max(max(my_bracket, their_bracket) for _, _, my_bracket, their_bracket in pairs)
+    margin = widest + max(gains) - min(gains)
     of = f"the median of {len(pairs)} repeats on the same seeds"
     if abs(gain) <= margin:
         return (
@@ -135,8 +136,8 @@ def _paired(pairs: list[tuple], target: float, mine_at: str, theirs_at: str, alo
 
 def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, float]] | None:
     """Each evaluated repeat beside the baseline's on the same seed (the same initial weights and
-    batch order: a synchronous step is one step on the union batch, so their curves should match):
-    (its time to target, the baseline's, the seconds since the check before each). None where
+    batch order; dropout's masks are drawn per process, so the curves still part): (its time to
+    target, the baseline's, the seconds since the check before each). None where
     they cannot be paired: other seeds, other repeat counts, a repeat that did not reach the target,
     or records from before the brackets."""
     times = [record.get("repeat_time_to_target_s") or [], base.get("repeat_time_to_target_s") or []]
