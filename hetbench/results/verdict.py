@@ -3,8 +3,7 @@ best, and why each other row loses; derived from a run's records, never written 
 
 from __future__ import annotations
 
-import statistics
-
+from hetbench.clock import median
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
 from hetbench.strategies.registry import BASELINE
@@ -119,7 +118,7 @@ def _paired(pairs: list[tuple], target: float, mine_at: str, theirs_at: str, alo
     """The claim from repeats on the same seeds: a gain (or loss), the median of the pairs', only
     beyond the widest checks around a crossing plus the pairs' own spread; else the same time."""
     gains = [theirs - mine for mine, theirs, _, _ in pairs]
-    gain = statistics.median(gains)
+    gain = median(gains)
     widest = max(max(my_bracket, their_bracket) for _, _, my_bracket, their_bracket in pairs)
     margin = widest + max(gains) - min(gains)
     of = f"the median of {len(pairs)} repeats on the same seeds"
