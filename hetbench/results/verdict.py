@@ -104,33 +104,28 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
         return ""
     mine_at, theirs_at = f"{mine:.0f} s{_steps(record)}", f"{theirs:.0f} s{_steps(base)}"
     if pairs := seeded_pairs(record, base):
-        return _paired(pairs, target, mine_at, theirs_at, alone)
-    margin = max(uncertainty(record), uncertainty(base))
-    if abs(mine - theirs) <= margin:  # a gain this run cannot tell from its resolution and spread
+        gain, margin = paired_gain(pairs)
+        of = f"the median of {len(pairs)} repeats on the same seeds"
+        within = f"{gain:+.1f} s, {of}, within {margin:.1f} s"
+        beyond = f": {abs(gain):.1f} s {'sooner' if gain > 0 else 'later'}, {of}, beyond {margin:.1f} s"
+    else:
+        gain, margin = theirs - mine, max(uncertainty(record), uncertainty(base))
+        within, beyond = f"within {margin:.1f} s", ""
+    if abs(gain) <= margin:  # a gain this run cannot tell from its resolution and spread
         return (
             f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run "
-            f"can tell ({mine_at} and {theirs_at}: within {margin:.1f} s)"
+            f"can tell ({mine_at} and {theirs_at}: {within})"
         )
-    return f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone"
+    return f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone{beyond}"
 
 
-def _paired(pairs: list[tuple], target: float, mine_at: str, theirs_at: str, alone: str) -> str:
-    """The claim from repeats on the same seeds: a gain (or loss), the median of the pairs', only
-    beyond the widest checks around a crossing plus the pairs' own spread; else the same time."""
+def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
+    """From repeats on the same seeds: the median of the pairs' gains (the baseline's time less the
+    row's), and the margin it must exceed to count, the widest checks around a crossing plus the
+    gains' own spread."""
     gains = [theirs - mine for mine, theirs, _, _ in pairs]
-    gain = median(gains)
     widest = max(max(my_bracket, their_bracket) for _, _, my_bracket, their_bracket in pairs)
-    margin = widest + max(gains) - min(gains)
-    of = f"the median of {len(pairs)} repeats on the same seeds"
-    if abs(gain) <= margin:
-        return (
-            f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run can "
-            f"tell ({mine_at} and {theirs_at}: {gain:+.1f} s, {of}, within {margin:.1f} s)"
-        )
-    return (
-        f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone: "
-        f"{abs(gain):.1f} s {'sooner' if gain > 0 else 'later'}, {of}, beyond {margin:.1f} s"
-    )
+    return median(gains), widest + max(gains) - min(gains)
 
 
 def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, float]] | None:
