@@ -25,7 +25,7 @@ import time
 from statistics import median
 
 import torch
-from script_cluster import cluster_of, run_script
+from script_cluster import HETERO_LOCAL_SPLIT, cluster_of, run_script
 
 from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.errors import UserError
@@ -167,9 +167,7 @@ def traced_main(doc: str, name: str, trace, hop_list: list, *options) -> None:
     from hetbench.strategies import registry
     from hetbench.workload import Net
 
-    # hetero-local's auto split, as its runs settle it (the runner's standalone timings are not here)
-    split = ["balance=[equal]", "workers.0.batch=192", "workers.1.batch=64"]
-    cfg = load_config(args.config, [*split, *args.set], registry.declared())
+    cfg = load_config(args.config, [*HETERO_LOCAL_SPLIT, *args.set], registry.declared())
     with cluster_of(cfg) as cfg:
         worker, server, timings, far = trace(cfg, args)
         _, ps = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))

@@ -9,6 +9,9 @@ from dataclasses import replace
 
 from hetbench.errors import UserError
 
+# hetero-local's auto split, as its runs settle it (the runner's standalone timings are not in a script)
+HETERO_LOCAL_SPLIT = ["balance=[equal]", "workers.0.batch=192", "workers.1.batch=64"]
+
 
 @contextmanager
 def cluster_of(cfg):

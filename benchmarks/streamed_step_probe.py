@@ -19,7 +19,7 @@ import sys
 import time
 from statistics import median, quantiles
 
-from script_cluster import run_script
+from script_cluster import HETERO_LOCAL_SPLIT, run_script
 
 from hetbench.config import load_config
 from hetbench.errors import UserError
@@ -35,10 +35,8 @@ SINK = "import socket,sys\ns=socket.create_connection(('127.0.0.1',int(sys.argv[
 
 
 def far_worker(path: str, overrides: list[str]) -> Replica:
-    """The config's last worker as ray-ps sets it up, on hetero-local's split as its runs settle it
-    (ps_step_trace.py's)."""
-    split = ["balance=[equal]", "workers.0.batch=192", "workers.1.batch=64"]
-    job = load_config(path, [*split, *overrides], registry.declared()).job("ray-ps")
+    """The config's last worker as ray-ps sets it up, on hetero-local's split as its runs settle it."""
+    job = load_config(path, [*HETERO_LOCAL_SPLIT, *overrides], registry.declared()).job("ray-ps")
     replica = Replica()
     replica.setup(job, len(job.workers) - 1, len(job.workers))
     replica.reset(job.run.seed)
