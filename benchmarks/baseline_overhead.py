@@ -22,7 +22,7 @@ from hetbench.devices import configure_threads, keep_freed_memory, resolve_devic
 from hetbench.results.records import environment
 from hetbench.strategies.base import BatchOrder
 from hetbench.strategies.single import Single
-from hetbench.workload import build_model, build_optimizer, loss_fn
+from hetbench.workload import build_model, build_optimizer, dropout_keys, loss_fn
 
 WARMUP = 5  # steps of each round left untimed
 
@@ -41,7 +41,7 @@ def plain_loop(images, labels, batch, steps, device, cfg, each_step: bool) -> fl
         start = now(device) if each_step else 0.0
         index = order(step)
         optimizer.zero_grad()
-        loss_fn(model(images[index]), labels[index]).backward()
+        loss_fn(model(images[index], dropout_keys(cfg.run.seed, step, index)), labels[index]).backward()
         optimizer.step()
         if each_step:
             times.append(now(device) - start)

@@ -19,7 +19,7 @@ def compute_ms(batch: int, steps: int, fixed: bool) -> float:
     """Median forward+backward of the hetbench CNN on `batch` samples, one torch thread."""
     from hetbench.clock import median, now
     from hetbench.devices import keep_freed_memory
-    from hetbench.workload import build_model, forward_backward
+    from hetbench.workload import build_model, dropout_keys, forward_backward
 
     torch.set_num_threads(1)
     if fixed:
@@ -27,10 +27,10 @@ def compute_ms(batch: int, steps: int, fixed: bool) -> float:
     model = build_model(0.25, seed=0)
     images, labels = torch.randn(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
     times = []
-    for _ in range(steps):
+    for step in range(steps):
         start = now()
         model.zero_grad()
-        forward_backward(model, images, labels)
+        forward_backward(model, images, labels, dropout_keys(0, step, torch.arange(batch)))
         times.append(now() - start)
     return 1000 * median(times[5:])
 

@@ -29,7 +29,7 @@ from hetbench.gradients import FlatModel, batch_shares, count_parameters, weight
 from hetbench.results.records import environment
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
-from hetbench.workload import build_model, build_optimizer, forward_backward
+from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
 
 TIMINGS = 16  # bytes per worker: start and end of its last compute (float64 perf_counter, one clock here)
 
@@ -60,7 +60,7 @@ def worker(cfg: dict, rank: int, paths: tuple[str, str], steps: int) -> None:
         index = worker_slice(order(step), batches, rank)
         start = time.perf_counter()
         flat.zero_grad()
-        forward_backward(flat.model, images[index], labels[index])
+        forward_backward(flat.model, images[index], labels[index], dropout_keys(cfg.run.seed, step, index))
         computes[rank] = torch.tensor([start, time.perf_counter()], dtype=torch.float64)
         torch.mul(flat.grads, share, out=shared.gradient(rank))  # the rule's weight, applied here
         shared.publish_gradient(rank, step + 1)

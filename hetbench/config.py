@@ -118,7 +118,7 @@ class RunConfig:
     target_accuracy: float = setting(0.9, "for time-to-target")
     optimizer: Literal["adadelta", "sgd", "adam"] = setting("adadelta", "adadelta (the PyTorch example's) | sgd | adam")
     lr: float = setting(1.0, "learning rate for that optimizer")
-    dropout: float = setting(0.25, "both dropout layers; 0 makes steps deterministic")
+    dropout: float = setting(0.25, "both dropout layers (their masks keyed by seed, step and sample)")
     wire_dtype: Literal["float32", "bfloat16", "float16"] = setting(
         "float32", "gradients, weights and deltas between machines: float32 | bfloat16 | float16"
     )

@@ -12,7 +12,7 @@ import torch
 
 from hetbench.devices import describe, resolve_device, synchronize
 from hetbench.errors import UserError
-from hetbench.workload import build_model, forward_backward
+from hetbench.workload import build_model, dropout_keys, forward_backward
 
 MIN_DRIVER = 580  # CUDA 13's minimum Linux driver branch
 MIN_CAPABILITY = (7, 5)  # CUDA 13 dropped Maxwell, Pascal and Volta
@@ -87,7 +87,7 @@ def trained(device: torch.device) -> None:
     try:
         model = build_model(0.25, 0).to(device)
         images, labels = torch.randn(8, 1, 28, 28, device=device), torch.randint(0, 10, (8,), device=device)
-        forward_backward(model, images, labels)
+        forward_backward(model, images, labels, dropout_keys(0, 0, torch.arange(8, device=device)))
         synchronize(device)
         finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters())
     except RuntimeError as e:  # a kernel the device cannot run ("no kernel image", out of memory, ...)

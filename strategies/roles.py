@@ -20,7 +20,7 @@ from hetbench.step_timing import CentralUpdate
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.train_state import load_train_state, train_state
 from hetbench.transport.host_memory import HostBuffers
-from hetbench.workload import build_model, build_optimizer, forward_backward
+from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
 
 
 class Replica:
@@ -148,10 +148,10 @@ class Replica:
         finally:
             self.batches, self.rank = batches, rank
 
-    def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """My slice of global batch `step`: images and labels, gathered on my device."""
+    def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """My slice of global batch `step`: images, labels and dropout keys, gathered on my device."""
         index = worker_slice(self.order(step), self.batches, self.rank)
-        return self.images[index], self.labels[index]
+        return self.images[index], self.labels[index], dropout_keys(self.seed, step, index)
 
     def local_step(self, step: int) -> float:
         """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient; its seconds
@@ -182,10 +182,10 @@ class Replica:
         return computed[0] + self.clock_out(started[0])
 
     def compute_gradient(self, step: int) -> None:
-        images, labels = self.my_batch(step)
+        images, labels, keys = self.my_batch(step)
         self.samples = len(labels)
         self.flat.zero_grad()
-        forward_backward(self.flat.model, images, labels)
+        forward_backward(self.flat.model, images, labels, keys)
 
     def work(self, device_work) -> float:
         """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated."""

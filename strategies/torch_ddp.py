@@ -92,10 +92,10 @@ class DDPRank(Replica):
         """My own work's seconds (gathering my slice, compute and update, as on one device) and the whole step's."""
         start = now(self.device)
         self.computed, self.started = 0.0, self.clock_in()
-        images, labels = self.my_batch(step)
+        images, labels, keys = self.my_batch(step)
         self.flat.zero_grad()
         # (1) forward + backward on my slice; (2) runs inside backward, in _allreduce, bucket by bucket
-        forward_backward(self.ddp, images, labels)
+        forward_backward(self.ddp, images, labels, keys)
         # (3) the same optimizer step on every rank
         own_s = self.computed + self.work(self.optimizer.step)
         return own_s, now(self.device) - start

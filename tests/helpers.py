@@ -201,15 +201,15 @@ def registered(wanted) -> list[str]:
 
 
 def check_first_update_is_the_union_batch_step(tmp_path: Path, name: str, shared=None) -> None:
-    """With dropout 0 and unequal batches (40 + 24), the first synchronous update equals one
-    single-device step on the union batch; close() leaves no Ray running or, on the session's
-    `shared` cluster, nothing but the kept worker processes."""
+    """With dropout on (its masks keyed by sample) and unequal batches (40 + 24), the first
+    synchronous update equals one single-device step on the union batch; close() leaves no Ray
+    running or, on the session's `shared` cluster, nothing but the kept worker processes."""
     import ray
 
     from hetbench.strategies import registry
 
     joins = shared.overrides if shared else []
-    cfg = small_config(tmp_path, "dropout=0", UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1", *joins)
+    cfg = small_config(tmp_path, UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1", *joins)
     expected = first_update(registry.load(registry.BASELINE), cfg)
     got = first_update(registry.load(name), cfg)
     if shared:

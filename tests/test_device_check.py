@@ -52,7 +52,7 @@ def test_a_supported_driver_and_gpu_pass():
 
 
 def test_a_device_that_cannot_run_the_model_is_refused_in_one_sentence(monkeypatch):
-    def no_kernel(model, images, labels):
+    def no_kernel(model, images, labels, keys):
         raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nCompile with ...")
 
     monkeypatch.setattr(device_check, "forward_backward", no_kernel)

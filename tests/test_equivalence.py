@@ -1,5 +1,5 @@
-"""The update rule, strategy by strategy (every registered synchronous one): with dropout 0 and
-unequal batches (40 + 24), the first update equals one single-device step on the union batch.
+"""The update rule, strategy by strategy (every registered synchronous one): with dropout (keyed by
+sample) and unequal batches (40 + 24), the first update equals one single-device step on the union batch.
 On the session's shared cluster: the fast tier's proof that every strategy computes the same step."""
 
 import pytest

@@ -21,7 +21,7 @@ from hetbench.gradients import (
     weighted_sum,
 )
 from hetbench.strategies.base import BatchOrder, worker_slice
-from hetbench.workload import build_model, build_optimizer, forward_backward
+from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
 
 
 def rule(grads, samples):
@@ -142,6 +142,26 @@ def test_combined_gradient_equals_the_union_batch_gradient():
     forward_backward(union.model, images, labels)
     grads = worker_gradients(images, labels, BATCHES)
     assert torch.allclose(rule(grads, BATCHES), union.grads, atol=1e-6, rtol=0)
+
+
+def test_with_keyed_dropout_the_split_gradient_is_still_the_union_batch_gradient():
+    """Dropout's masks follow the samples (workload.dropout_keys), so the rule holds with dropout on."""
+    images, labels = union_batch()
+    keys = dropout_keys(0, 3, torch.arange(len(labels)) * 11)
+    union = FlatModel(build_model(0.5, seed=0))
+    union.zero_grad()
+    forward_backward(union.model, images, labels, keys)
+    grads, offset = [], 0
+    for b in BATCHES:
+        worker = FlatModel(build_model(0.5, seed=0))
+        worker.zero_grad()
+        part = slice(offset, offset + b)
+        forward_backward(worker.model, images[part], labels[part], keys[part])
+        grads.append(worker.grads.clone())
+        offset += b
+    assert torch.allclose(rule(grads, BATCHES), union.grads, atol=1e-6, rtol=0)
+    without_dropout = worker_gradients(images, labels, BATCHES)  # guards the test: dropout did act
+    assert not torch.allclose(rule(without_dropout, BATCHES), union.grads, atol=1e-3)
 
 
 def test_unweighted_mean_would_differ():

@@ -3,8 +3,8 @@
 Under <results_dir>/checkpoints/<run>/, where <run> is the record file's name (results/raw/<run>.json):
 run.json holds the resolved config (and the standalone speeds `auto` split by), so `hetbench run
 --resume <run>` repeats nothing already recorded and continues the interrupted scenario from its
-last checkpoint. Batch order comes from (seed, step) alone, so with dropout 0 the resumed run
-follows the uninterrupted run's trajectory exactly.
+last checkpoint. Batch order comes from (seed, step) alone and dropout's masks from (seed, step,
+sample), so the resumed run follows the uninterrupted run's trajectory exactly.
 """
 
 from __future__ import annotations

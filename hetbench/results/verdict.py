@@ -130,8 +130,9 @@ def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
 
 def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, float]] | None:
     """Each evaluated repeat beside the baseline's on the same seed (the same initial weights and
-    batch order; dropout's masks are drawn per process, so the curves still part): (its time to
-    target, the baseline's, the seconds since the check before each). None where
+    batch order and dropout masks; a row whose arithmetic differs, compressed or stale, parts from
+    the baseline's curve): (its time to target, the baseline's, the seconds since the check before
+    each). None where
     they cannot be paired: other seeds, other repeat counts, a repeat that did not reach the target,
     or records from before the brackets."""
     times = [record.get("repeat_time_to_target_s") or [], base.get("repeat_time_to_target_s") or []]
