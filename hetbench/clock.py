@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -29,6 +30,17 @@ def cpu_wait() -> float:
 
 def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
+
+
+def median_interval(values: list[float], coverage: float = 0.75) -> tuple[float, float]:
+    """The narrowest order-statistic interval [x(k), x(n+1-k)] that holds the population's median
+    with at least `coverage` (the sign test's binomial, no assumed distribution): the whole range
+    for 3-5 values, narrowing as values are added. The whole range where none reaches `coverage`."""
+    ordered, n = sorted(values), len(values)
+    k = 1
+    while k < (n + 1) / 2 and 1 - 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n >= coverage:
+        k += 1  # [x(k+1), x(n-k)] still covers: narrow
+    return ordered[k - 1], ordered[n - k]
 
 
 def cv(values: list[float]) -> float | None:

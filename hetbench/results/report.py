@@ -301,4 +301,5 @@ config's target_accuracy, median over the evaluated repeats; steps to target (--
 in steps. Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is
 within fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each
 evaluated repeat with the baseline's on the same seed, and claims a time gain only where the pairs'
-median gain exceeds the widest check interval around a crossing plus the gains' spread."""
+median gain exceeds the widest check interval around a crossing plus the gains' spread (their range
+for 3-5 repeats; with more, the width of the 75% interval for their median)."""

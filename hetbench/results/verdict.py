@@ -3,7 +3,7 @@ best, and why each other row loses; derived from a run's records, never written 
 
 from __future__ import annotations
 
-from hetbench.clock import median
+from hetbench.clock import median, median_interval
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
 from hetbench.strategies.registry import BASELINE
@@ -122,10 +122,12 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
 def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
     """From repeats on the same seeds: the median of the pairs' gains (the baseline's time less the
     row's), and the margin it must exceed to count, the widest checks around a crossing plus the
-    gains' own spread."""
+    width of the gains' 75% interval for their median (their whole range for 3-5 pairs, narrower
+    with more, so that repeats added resolve a smaller gain)."""
     gains = [theirs - mine for mine, theirs, _, _ in pairs]
     widest = max(max(my_bracket, their_bracket) for _, _, my_bracket, their_bracket in pairs)
-    return median(gains), widest + max(gains) - min(gains)
+    low, high = median_interval(gains)
+    return median(gains), widest + high - low
 
 
 def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, float]] | None:
