@@ -134,9 +134,8 @@ def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, fl
     """Each evaluated repeat beside the baseline's on the same seed (the same initial weights and
     batch order and dropout masks; a row whose arithmetic differs, compressed or stale, parts from
     the baseline's curve): (its time to target, the baseline's, the seconds since the check before
-    each). None where
-    they cannot be paired: other seeds, other repeat counts, a repeat that did not reach the target,
-    or records from before the brackets."""
+    each). None where they cannot be paired: other seeds, other repeat counts, a repeat that did
+    not reach the target, or records from before the brackets."""
     times = [record.get("repeat_time_to_target_s") or [], base.get("repeat_time_to_target_s") or []]
     brackets = [record.get("repeat_target_bracket_s") or [], base.get("repeat_target_bracket_s") or []]
     seeds = [(r.get("config") or {}).get("seed") for r in (record, base)]
