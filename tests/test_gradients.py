@@ -47,13 +47,15 @@ def first_update_single(images, labels, optimizer="adadelta", lr=1.0):
     return flat.params.clone()
 
 
-def worker_gradients(images, labels, batches):
-    """Each worker's mean-loss gradient on its contiguous slice of the union batch."""
+def worker_gradients(images, labels, batches, dropout=0.0, keys=None):
+    """Each worker's mean-loss gradient on its contiguous slice of the union batch (with `dropout`,
+    each slice's share of the samples' dropout `keys`)."""
     grads, offset = [], 0
     for b in batches:
-        worker = FlatModel(build_model(0.0, seed=0))
+        worker = FlatModel(build_model(dropout, seed=0))
         worker.zero_grad()
-        forward_backward(worker.model, images[offset : offset + b], labels[offset : offset + b])
+        part = slice(offset, offset + b)
+        forward_backward(worker.model, images[part], labels[part], None if keys is None else keys[part])
         grads.append(worker.grads.clone())
         offset += b
     return grads
@@ -151,14 +153,7 @@ def test_with_keyed_dropout_the_split_gradient_is_still_the_union_batch_gradient
     union = FlatModel(build_model(0.5, seed=0))
     union.zero_grad()
     forward_backward(union.model, images, labels, keys)
-    grads, offset = [], 0
-    for b in BATCHES:
-        worker = FlatModel(build_model(0.5, seed=0))
-        worker.zero_grad()
-        part = slice(offset, offset + b)
-        forward_backward(worker.model, images[part], labels[part], keys[part])
-        grads.append(worker.grads.clone())
-        offset += b
+    grads = worker_gradients(images, labels, BATCHES, dropout=0.5, keys=keys)
     assert torch.allclose(rule(grads, BATCHES), union.grads, atol=1e-6, rtol=0)
     without_dropout = worker_gradients(images, labels, BATCHES)  # guards the test: dropout did act
     assert not torch.allclose(rule(without_dropout, BATCHES), union.grads, atol=1e-3)
