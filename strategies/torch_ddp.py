@@ -44,6 +44,7 @@ class DDPRank(Replica):
     """One rank: a worker's process, device and slice, in DDP's gloo group."""
 
     powersgd_rank: int | None = None  # set by compress(): PowerSGD's rank, or None for the plain bucket
+    powersgd_start = 2  # set by compress(): PowerSGD's first compressed step
     store = None  # rank 0's rendezvous store, from listen() until retire()
     # from reset:
     ddp: DistributedDataParallel  # my model in DDP, whose comm hook is _allreduce
@@ -62,9 +63,10 @@ class DDPRank(Replica):
     def join(self, master: str, port: int, world: int) -> str | None:
         return join_group(master, port, self.rank, world, self.job.cluster.step_timeout_s, self.store)
 
-    def compress(self, powersgd_rank: int | None) -> None:
-        """From the next reset on: buckets through PowerSGD at this rank (None: as they are)."""
-        self.powersgd_rank = powersgd_rank
+    def compress(self, powersgd_rank: int | None, powersgd_start: int) -> None:
+        """From the next reset on: buckets through PowerSGD at this rank (None: as they are), plain
+        all-reduces before step `powersgd_start`."""
+        self.powersgd_rank, self.powersgd_start = powersgd_rank, powersgd_start
 
     def retire(self) -> None:
         """The row is over: out of the group, as this process serves the next row."""
@@ -81,10 +83,13 @@ class DDPRank(Replica):
         self.ddp = DistributedDataParallel(self.flat.model, init_sync=False, **one_bucket)
         self.ddp.register_comm_hook(None, self._allreduce)
         self.staging: dict[int, torch.Tensor] = {}
-        # PowerSGD's state per repeat: its first 2 steps plain all-reduces (DDP may rebuild its buckets
-        # after step 1), the same random projections on every rank from the seed
+        # PowerSGD's state per repeat: plain all-reduces before its start (at least 2 steps: DDP may
+        # rebuild its buckets after step 1), the same random projections on every rank from the seed
         self.powersgd = self.powersgd_rank and PowerSGDState(
-            None, matrix_approximation_rank=self.powersgd_rank, start_powerSGD_iter=2, random_seed=seed
+            None,
+            matrix_approximation_rank=self.powersgd_rank,
+            start_powerSGD_iter=self.powersgd_start,
+            random_seed=seed,
         )
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
 
@@ -133,6 +138,9 @@ class DDPOptions:
         "none", "none: buckets go in wire_dtype | powersgd: torch's PowerSGD hook, float32 low-rank factors"
     )
     powersgd_rank: int = setting(4, "PowerSGD's matrix approximation rank: lower sends less, approximates coarser")
+    powersgd_start: int = setting(
+        2, "PowerSGD's first compressed step (torch's start_powerSGD_iter, >= 2): plain all-reduces before it"
+    )
 
 
 class TorchDDP(Strategy):
@@ -147,6 +155,8 @@ class TorchDDP(Strategy):
     def check_options(cls, options: DDPOptions) -> None:
         if options.powersgd_rank < 1:  # config.py has checked it is an int
             raise UserError(f"config key '{NAME}.powersgd_rank' must be a whole number >= 1")
+        if options.powersgd_start < 2:  # torch's hook needs 2 plain steps for its error feedback
+            raise UserError(f"config key '{NAME}.powersgd_start' must be a whole number >= 2")
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
@@ -156,7 +166,8 @@ class TorchDDP(Strategy):
             self.wire_dtype = "float32"
             self.table_note = (
                 f"torch-ddp: PowerSGD at rank {self.powersgd_rank} sends {self.floor_transfers:.1%} of the "
-                "model per step (its link prediction counts that share of a floor transfer)."
+                f"model per step from step {self.settings.powersgd_start}, the whole model before it (its link "
+                "prediction counts that share of a floor transfer)."
             )
 
     def start(self) -> None:
@@ -168,7 +179,7 @@ class TorchDDP(Strategy):
         world = len(self.info)
         (port,) = self.placed.results([self.placed.call(0, "listen", master, world)], "opening the rendezvous")
         joined = self._each("join", master, port, world, doing="forming the gloo group (README: Ports)")
-        self._each("compress", self.powersgd_rank)
+        self._each("compress", self.powersgd_rank, self.settings.powersgd_start)
         for info, interface in zip(self.info, joined):
             info["gloo_interface"] = interface
 

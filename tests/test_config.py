@@ -101,6 +101,7 @@ def test_equal_split_when_neither_is_given(tmp_path):
         ("torch-ddp: {compression: zip}", "'torch-ddp.compression' must be one of none, powersgd"),
         ("torch-ddp: {powersgd_rank: 0}", "'torch-ddp.powersgd_rank' must be a whole number >= 1"),
         ("torch-ddp: {powersgd_rank: 2.5}", "'torch-ddp.powersgd_rank' must be int"),
+        ("torch-ddp: {powersgd_start: 1}", "'torch-ddp.powersgd_start' must be a whole number >= 2"),
     ],
 )
 def test_bad_values_are_one_sentence(tmp_path, text, message):

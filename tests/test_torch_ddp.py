@@ -61,11 +61,11 @@ def test_a_slowed_rank_is_slowed_in_its_compute_and_the_fast_rank_waits_outside_
 
 
 def test_powersgd_steps_as_the_rule_until_it_starts_then_records_the_share_it_sends(tmp_path, shared_cluster):
-    powersgd = ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_rank=1"]
+    powersgd = ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_rank=1", "torch-ddp.powersgd_start=3"]
     sgd = [UNEQUAL, "dropout=0", "optimizer=sgd", "lr=0.05", "strategies=[single, torch-ddp]", "floor.enabled=false"]
     cfg = small_config(tmp_path, *sgd, *powersgd, "steps=6", "warmup_steps=0", "repeats=1", *shared_cluster.overrides)
-    ddp, single = (weights_after(cfg, name, [1, 5]) for name in ("torch-ddp", "single"))
-    # steps 0-1 are PowerSGD's plain all-reduces, weighted as ever; from step 2 on rank-1 factors
+    ddp, single = (weights_after(cfg, name, [2, 5]) for name in ("torch-ddp", "single"))
+    # steps 0-2 are PowerSGD's plain all-reduces (it starts at 3), weighted as ever; from step 3 on rank-1 factors
     assert torch.allclose(ddp[0], single[0], atol=1e-4, rtol=0)
     assert (ddp[1] - single[1]).abs().max() > 1e-3
     (row,) = [r for r in run(cfg).records if r["strategy"] == "torch-ddp"]
@@ -73,4 +73,5 @@ def test_powersgd_steps_as_the_rule_until_it_starts_then_records_the_share_it_se
     assert 0.005 < fraction < 0.02 and row["floor_transfers"] == fraction  # ~100x less than the model
     model_bytes = count_parameters(Net()) * 4
     assert [w["wire_bytes_per_step"] for w in row["workers"]] == [fraction * model_bytes] * 2
-    assert "PowerSGD at rank 1" in row["table_note"] and row["config"]["torch-ddp"]["compression"] == "powersgd"
+    assert "PowerSGD at rank 1" in row["table_note"] and "from step 3" in row["table_note"]
+    assert row["config"]["torch-ddp"]["compression"] == "powersgd"
