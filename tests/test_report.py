@@ -138,3 +138,17 @@ def test_steps_to_target_is_the_first_evaluated_step_at_the_target():
     wide = dict(zip(COLUMNS, rows(records)[0]))
     assert wide["steps to target"] == 50
     assert next(csv.DictReader(io.StringIO(to_csv(records))))["steps to target"] == "50"
+
+
+def test_a_worker_that_finished_no_batch_in_most_steps_is_judged_by_those_it_did():
+    from hetbench.results.rows import worker_figures
+    from hetbench.step_timing import StepTiming
+
+    # ray-ps-async at 100 Mbit: the slow worker's batch rides a 0.8 s round trip, so most steps lack it
+    timed = [StepTiming({"desk": 0.2, "mac": 0.6 if i % 4 == 0 else 0.0}, 0.0, 0.0, 0.25) for i in range(8)]
+    workers = [{"name": "desk", "batch": 192}, {"name": "mac", "batch": 64}, {"name": "lost", "batch": 8}]
+    worker_figures(workers, timed, 2.0, "float32")
+    desk, mac, lost = workers
+    assert desk["compute_s"] == 0.2 and desk["compute_samples_per_s"] == 192 / 0.2
+    assert mac["compute_s"] == 0.6 and mac["compute_samples_per_s"] == 64 / 0.6
+    assert "compute_s" not in lost and lost["wire_bytes_per_step"] > 0

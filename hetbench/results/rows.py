@@ -77,7 +77,9 @@ def strategy_row(
 def worker_figures(workers: list[dict], timed: list[StepTiming], transfers: float | None, wire_dtype: str) -> None:
     """Each worker's compute, what it delivers in the run and could alone, and its bytes on the wire."""
     for w in workers:
-        mine = [t for t in timed if w["name"] in t.compute_s]  # a lost worker: the steps it was in
+        # a lost worker: the steps it was in; with no barrier (ray-ps-async), those it finished a
+        # batch in: over a slow link a slow worker may finish none in most steps (its compute 0 there)
+        mine = [t for t in timed if t.compute_s.get(w["name"], 0.0) > 0]
         if not mine:
             continue
         compute = median([t.compute_s[w["name"]] for t in mine])
