@@ -56,6 +56,17 @@ def test_a_strategy_that_beats_the_best_machine_alone_is_named_with_its_figures(
     assert "overhead" in reasons["ray-ps-async [auto]"]
 
 
+def test_a_row_that_ends_under_the_baselines_accuracy_says_by_how_much():
+    base = {**SINGLE, "final_accuracy": 0.937}
+    stale = {**OVERHEAD, "final_accuracy": 0.916}
+    kept = {**ALLREDUCE, "final_accuracy": 0.933}  # 0.4 points under: the same model, as far as we claim
+    lines = verdict([base, FLOOR, kept, stale])
+    assert lines[0].endswith("for desk alone.")
+    assert lines[1].endswith("; it ends 2.1 points under desk alone in test accuracy (91.6% against 93.7%)")
+    best_stale = verdict([base, FLOOR, {**stale, "samples_per_s": 4000.0}])[0]
+    assert best_stale.endswith("; it ends 2.1 points under desk alone in test accuracy (91.6% against 93.7%).")
+
+
 def test_when_nothing_beats_one_machine_it_says_so_and_what_would_change_it():
     lines = verdict([SINGLE, FLOOR, WAITING, LINK])
     assert lines[0].startswith("Verdict: keep to desk alone (3,000 samples/s): no strategy beats it here")

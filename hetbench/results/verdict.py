@@ -8,6 +8,8 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
 from hetbench.strategies.registry import BASELINE
 
+ACCURACY_KEPT = 0.005  # a row's final test accuracy this far under the baseline's still counts as the same
+
 
 def verdict(records: list[dict]) -> list[str]:
     """The verdict's lines: the answer, then one line per other row."""
@@ -23,7 +25,7 @@ def verdict(records: list[dict]) -> list[str]:
         lines = [
             f"Verdict: use {label(best)} on {_machines(best)}: {best['samples_per_s']:,.0f} samples/s, "
             f"{best['samples_per_s'] / base['samples_per_s']:.2f}x {alone} alone ({base['samples_per_s']:,.0f})"
-            f"{_to_target(best, base, alone)}."
+            f"{_to_target(best, base, alone)}{_accuracy_lost(best, base, alone)}."
         ]
     else:
         ratio = best["samples_per_s"] / base["samples_per_s"]
@@ -36,6 +38,7 @@ def verdict(records: list[dict]) -> list[str]:
             lines.append(f"  What would change it: {change}.")
     lines += [
         f"  {label(r)}: {r['samples_per_s'] / base['samples_per_s']:.2f}x, {why_it_loses(r, floor)}"
+        f"{_accuracy_lost(r, base, alone)}"
         for r in rows
         if r is not best
     ]
@@ -117,6 +120,18 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
             f"can tell ({mine_at} and {theirs_at}: {within})"
         )
     return f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone{beyond}"
+
+
+def _accuracy_lost(record: dict, base: dict, alone: str) -> str:
+    """ "; it ends 2.1 points under ...": where the row's final test accuracy falls short of the
+    baseline's by more than ACCURACY_KEPT (stale or compressed gradients can buy speed with it)."""
+    mine, theirs = record.get("final_accuracy"), base.get("final_accuracy")
+    if mine is None or theirs is None or theirs - mine <= ACCURACY_KEPT:
+        return ""
+    return (
+        f"; it ends {(theirs - mine) * 100:.1f} points under {alone} alone in test accuracy "
+        f"({mine:.1%} against {theirs:.1%})"
+    )
 
 
 def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
