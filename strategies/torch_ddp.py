@@ -44,7 +44,7 @@ class DDPRank(Replica):
     """One rank: a worker's process, device and slice, in DDP's gloo group."""
 
     powersgd_rank: int | None = None  # set by compress(): PowerSGD's rank, or None for the plain bucket
-    powersgd_start = 2  # set by compress(): PowerSGD's first compressed step
+    powersgd_start: int  # set by compress(): PowerSGD's first compressed step
     store = None  # rank 0's rendezvous store, from listen() until retire()
     # from reset:
     ddp: DistributedDataParallel  # my model in DDP, whose comm hook is _allreduce
