@@ -89,6 +89,9 @@ class ClusterConfig:
     step_timeout_s: float = setting(600.0, "no step on any device takes this long: a worker silent past it is lost")
     wait_for_workers_s: float = setting(0.0, "joined: wait this long for every worker's node to join (0 = no wait)")
     allow_missing: bool = setting(False, "joined: after that wait, run without workers whose node is missing")
+    pin_nodes: bool = setting(
+        False, "local-multinode: each node (and the driver, with the head) on its own share of the cores (Linux)"
+    )
 
 
 Balance = Literal["equal", "proportional", "auto"]
@@ -489,6 +492,8 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"config key 'link.rate' must look like 100mbit or 1gbit, got {cfg.link.rate!r}")
     if cfg.link.rate and cluster.mode != "local-multinode":
         raise UserError("link.rate emulates the links of a local-multinode cluster: set cluster.mode local-multinode")
+    if cluster.pin_nodes and cluster.mode != "local-multinode":
+        raise UserError("cluster.pin_nodes shares out the cores among local nodes: set cluster.mode local-multinode")
     if cluster.mode == "local-multinode" and not any(w.node for w in cfg.workers):
         raise UserError(
             "cluster.mode local-multinode needs workers with a 'node' placement label (e.g. node: desktop, node: mac)"

@@ -12,3 +12,23 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:
         return os.cpu_count() or 1
+
+
+def core_shares(count: int) -> list[list[int]]:
+    """The cores this process may run on, cut into `count` shares in order, as equal as they divide
+    (the first shares take one more): one per emulated machine, as real ones have cores of their own."""
+    from hetbench.errors import UserError
+
+    try:
+        cores = sorted(os.sched_getaffinity(0))
+    except AttributeError:
+        raise UserError("cluster.pin_nodes needs Linux's CPU affinity, which this OS does not offer") from None
+    if len(cores) < count:
+        raise UserError(f"cluster.pin_nodes: {count} nodes need a core each, and this process may use {len(cores)}")
+    size, extra = divmod(len(cores), count)
+    shares, start = [], 0
+    for i in range(count):
+        end = start + size + (i < extra)
+        shares.append(cores[start:end])
+        start = end
+    return shares

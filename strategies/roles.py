@@ -12,6 +12,7 @@ import torch
 from hetbench.clock import cpu_wait, now
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Job, WorkerConfig
+from hetbench.cores import usable_cores
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
@@ -66,6 +67,7 @@ class Replica:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "threads": torch.get_num_threads(),
+            "cores": usable_cores(),  # those this process may run on (its node's share, where pinned)
             "batch": self.spec.batch,
             "slowdown": self.spec.slowdown,
             "data": train.fingerprint(),  # the driver refuses workers that differ (data.check_same_data)

@@ -96,6 +96,7 @@ def test_equal_split_when_neither_is_given(tmp_path):
         ("link: {profile: dialup}", "'link.profile' must be one of 10gbit, 1gbit, wifi, 100mbit"),
         ("link: {profile: wifi, rate: 1gbit}", "set link.profile or link.rate, not both"),
         ("link: {profile: wifi}", "set cluster.mode local-multinode"),
+        ("cluster: {pin_nodes: true}", "pin_nodes shares out the cores among local nodes: set cluster.mode"),
         ("workers: [{speed: 0}]", "speed must be positive"),
         ("- a\n- b", "must be a mapping"),
         ("torch-ddp: {compression: zip}", "'torch-ddp.compression' must be one of none, powersgd"),

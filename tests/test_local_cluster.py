@@ -3,6 +3,7 @@ speed-proportional batches, link emulation, and nothing left running afterwards.
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -302,6 +303,7 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 
 
 TWO_CLUSTERS = """
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -356,3 +358,61 @@ def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
     assert record["status"] == "ok" and len({w["dask_worker"] for w in workers}) == 4
     assert [w["transport"] for w in workers] == ["shared memory"] * 2 + ["tcp"] * 2
     assert processes_mentioning(*cluster_addresses([record])) == {}
+
+
+PINNABLE = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset")
+
+
+def affinities(pid: int) -> dict[int, list[int]]:
+    """The cores each process of `pid`'s tree may run on (those that ended meanwhile left out)."""
+    import psutil
+
+    found = {}
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            found[proc.pid] = sorted(proc.cpu_affinity())
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PINNABLE, reason="needs CPU affinity, taskset and more than one core")
+def test_pinned_nodes_run_on_cores_of_their_own_and_the_driver_on_the_heads_until_the_end():
+    from hetbench.cluster.multinode import cluster_for_run
+    from hetbench.config import load_config
+
+    two = "workers=[{name: desk, node: desktop}, {name: mac, node: mac}]"
+    cfg = load_config(None, [two, "cluster.mode=local-multinode", "cluster.pin_nodes=true", "download=false"])
+    own = os.sched_getaffinity(0)
+    with cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (_, _, cluster):
+        desk, mac = cluster.cores["desktop"], cluster.cores["mac"]
+        assert sorted(desk + mac) == sorted(own) and not set(desk) & set(mac)
+        assert os.sched_getaffinity(0) == set(desk)
+        for label, procs in cluster.node_procs.items():  # each Ray node (raylet, GCS, ...) and Dask worker
+            for proc in procs:
+                tree = affinities(proc.pid)
+                assert len(tree) > 1 or "dask" in " ".join(proc.args)
+                assert tree == dict.fromkeys(tree, cluster.cores[label]), (label, proc.args[:4])
+        (scheduler,) = [p for p in cluster.procs if "dask_scheduler" in " ".join(p.args)]
+        assert affinities(scheduler.pid)[scheduler.pid] == desk
+    assert os.sched_getaffinity(0) == own
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not PINNABLE, reason="needs CPU affinity, taskset and more than one core")
+def test_workers_on_pinned_nodes_train_on_their_nodes_cores(tmp_path):
+    from hetbench.cores import core_shares
+
+    result = run_on_two_nodes(
+        tmp_path, "cluster.pin_nodes=true", "strategies=[ray-ps, dask-sync]", "balance=[equal]", "floor.enabled=false"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(tmp_path)
+    shares = [len(cores) for cores in core_shares(2)]
+    assert [r["strategy"] for r in records] == ["ray-ps", "dask-sync"] and all(r["status"] == "ok" for r in records)
+    for record in records:  # Ray's actors and Dask's workers alike, one training process per node
+        assert [(w["cores"], w["threads"]) for w in record["workers"]] == [(n, n) for n in shares]
+    assert records[0]["config"]["cluster"]["pin_nodes"] is True
+    assert processes_mentioning(*cluster_addresses(records)) == {}

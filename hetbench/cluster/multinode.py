@@ -4,7 +4,9 @@ A Ray head plus one `ray start --address` node per further placement label, each
 its label as a custom resource, and one Dask worker per configured worker carrying its
 worker's label as a Dask resource. Placement then works as on real machines. With
 `link.rate`, every non-head node (its Ray node and its Dask workers) lives in its own network
-namespace behind a shaped veth pair (netns.py). Everything is started as our own child
+namespace behind a shaped veth pair (netns.py). With `cluster.pin_nodes`, each node's processes
+(and the driver, with the head's) run on a share of the cores of their own, as separate machines
+do; else the emulated machines share every core. Everything is started as our own child
 processes and stopped by PID, never by name.
 """
 
@@ -26,6 +28,7 @@ from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_a
 from hetbench.cluster.processes import kill_trees, stop_trees
 from hetbench.cluster.ray_connection import RAY_ENV, process_token
 from hetbench.config import ClusterConfig, LinkConfig, WorkerConfig
+from hetbench.cores import core_shares
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -45,9 +48,15 @@ def placement_labels(workers: tuple[WorkerConfig, ...]) -> list[str]:
 class LocalMultinode:
     """Start with `start()`, stop with `stop()` (idempotent, on every exit path)."""
 
-    def __init__(self, workers: tuple[WorkerConfig, ...], link: LinkConfig, timeout_s: float) -> None:
+    def __init__(
+        self, workers: tuple[WorkerConfig, ...], link: LinkConfig, timeout_s: float, pin: bool = False
+    ) -> None:
         self.workers, self.rate, self.timeout_s = workers, link.rate, timeout_s  # timeout_s: for each node to come up
         self.labels = placement_labels(workers)
+        # label -> the cores its processes may run on (pinned), else every node takes them all
+        self.cores: dict[str, list[int]] = dict(zip(self.labels, core_shares(len(self.labels)))) if pin else {}
+        if pin and not shutil.which("taskset"):
+            raise UserError("cluster.pin_nodes starts each node under `taskset`, which is not installed (util-linux)")
         self.procs: list[subprocess.Popen] = []
         self.node_procs: dict[str, list[subprocess.Popen]] = {}  # label -> its Ray node and Dask workers
         self.node_args: dict[str, list[str]] = {}  # label -> its `ray start` arguments
@@ -141,11 +150,17 @@ class LocalMultinode:
             return {**self.env, **next(iter(self.links.values())).gloo_env(inside=False)}
         return self.env
 
+    def _pinned(self, label: str | None) -> list[str]:
+        """`taskset` onto the node's cores (the scheduler's: the head's), where nodes are pinned; what
+        it starts (Ray's workers, a Dask worker's training) inherits them."""
+        cores = self.cores.get(label or self.labels[0])
+        return ["taskset", "--cpu-list", ",".join(map(str, cores))] if cores else []
+
     def _spawn(self, argv: list[str], what: str, label: str | None = None) -> None:
         log_file = open(os.path.join(self.temp_dir, f"{what}.log"), "ab")
         self.procs.append(
             subprocess.Popen(
-                argv,
+                [*self._pinned(label), *argv],
                 env=self._env(label),
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -159,9 +174,10 @@ class LocalMultinode:
         log.debug("started %s (pid %d): %s", what, self.procs[-1].pid, " ".join(argv))
 
     def _ray_node(self, label: str, args: list[str]) -> None:
-        # every node takes all cores: on one box the emulated machines share them, as the workers' threads do
+        # unpinned, every node takes all cores: on one box the emulated machines share them, as the workers' threads do
         self.node_args[label] = args
-        self._spawn([*self._prefix(label), *ray_node_argv(label, *args)], f"ray-{label}", label)
+        argv = ray_node_argv(label, *args, num_cpus=len(self.cores[label]) if self.cores else None)
+        self._spawn([*self._prefix(label), *argv], f"ray-{label}", label)
 
     def _dask_worker(self, worker: WorkerConfig) -> None:
         label = worker.node
@@ -275,13 +291,16 @@ def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...
     if cluster_cfg.mode != "local-multinode":
         yield cluster_cfg, None, None
         return
-    cluster = LocalMultinode(workers, link, cluster_cfg.connect_timeout_s)
+    cluster = LocalMultinode(workers, link, cluster_cfg.connect_timeout_s, cluster_cfg.pin_nodes)
     saved_token = os.environ.get("RAY_AUTH_TOKEN")
+    own_cores = os.sched_getaffinity(0) if cluster.cores else None
     try:
         started = time.perf_counter()
         addresses = cluster.start()
         startup_s = time.perf_counter() - started
         os.environ["RAY_AUTH_TOKEN"] = addresses["token"]
+        if own_cores:  # the driver, and the threads it starts from here on (Ray's), where the desktop's node runs
+            os.sched_setaffinity(0, cluster.cores[cluster.labels[0]])
         yield (
             replace(
                 cluster_cfg,
@@ -294,6 +313,8 @@ def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...
         )
     finally:
         cluster.stop()
+        if own_cores:
+            os.sched_setaffinity(0, own_cores)
         if saved_token is None:
             os.environ.pop("RAY_AUTH_TOKEN", None)
         else:

@@ -93,9 +93,9 @@ def workers_per_host(
 ) -> int:
     """How many training processes share this worker's host (they split its cores).
 
-    Locally all of them (local-multinode's nodes share one box too); in a joined cluster those
-    placed on the same labelled node.
+    Locally all of them (local-multinode's nodes share one box too, unless each is pinned to cores
+    of its own); in a joined cluster those placed on the same labelled node.
     """
-    if not joined_cluster or cluster.mode == "local-multinode":
+    if not joined_cluster or (cluster.mode == "local-multinode" and not cluster.pin_nodes):
         return len(workers)
     return sum(1 for w in workers if w.node == worker.node)
