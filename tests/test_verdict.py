@@ -65,6 +65,8 @@ def test_a_row_that_ends_under_the_baselines_accuracy_says_by_how_much():
     assert lines[1].endswith("; it ends 2.1 points under desk alone in test accuracy (91.6% against 93.7%)")
     best_stale = verdict([base, FLOOR, {**stale, "samples_per_s": 4000.0}])[0]
     assert best_stale.endswith("; it ends 2.1 points under desk alone in test accuracy (91.6% against 93.7%).")
+    no_gain = verdict([base, FLOOR, {**stale, "samples_per_s": 3010.0}])[0]
+    assert "(best: ray-ps-async [auto], 1.00x, within the runs' spread of 2%); it ends 2.1 points under" in no_gain
 
 
 def test_when_nothing_beats_one_machine_it_says_so_and_what_would_change_it():

@@ -32,7 +32,7 @@ def verdict(records: list[dict]) -> list[str]:
         spread = f", within the runs' spread of {noise:.0%}" if ratio > 1 else ""
         lines = [
             f"Verdict: keep to {alone} alone ({base['samples_per_s']:,.0f} samples/s): no strategy beats it "
-            f"here (best: {label(best)}, {ratio:.2f}x{spread})."
+            f"here (best: {label(best)}, {ratio:.2f}x{spread}){_accuracy_lost(best, base, alone)}."
         ]
         if change := what_would_change_it(best, base, floor):
             lines.append(f"  What would change it: {change}.")
