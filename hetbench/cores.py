@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from hetbench.errors import UserError
+
 
 def usable_cores() -> int:
     """The cores this process may run on: its affinity (a container's cpuset, `taskset`), not the
@@ -17,8 +19,6 @@ def usable_cores() -> int:
 def core_shares(count: int) -> list[list[int]]:
     """The cores this process may run on, cut into `count` shares in order, as equal as they divide
     (the first shares take one more): one per emulated machine, as real ones have cores of their own."""
-    from hetbench.errors import UserError
-
     try:
         cores = sorted(os.sched_getaffinity(0))
     except AttributeError:
