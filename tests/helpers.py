@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import struct
 import subprocess
@@ -25,6 +26,8 @@ from hetbench.strategies import registry
 REPO = Path(__file__).resolve().parents[1]
 # The real MNIST test set: where HETBENCH_DATA_DIR points, else beside the checkout (CI's layout).
 SHARED_MNIST = Path(os.environ.get("HETBENCH_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
+# A process can be held to some of this machine's cores: CPU affinity, taskset, and more than one core.
+CAN_PIN = bool(shutil.which("taskset") and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1)
 
 
 def made(strategy_cls, cfg: Config):

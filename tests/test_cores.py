@@ -1,13 +1,13 @@
 """A process's cores are those it may run on (a container's cpuset, taskset), not the machine's count."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
-PINNED = shutil.which("taskset") and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1
+from helpers import CAN_PIN
+
 CHECK = """
 import torch
 from hetbench.cluster.nodes import ray_node_argv
@@ -18,7 +18,7 @@ print(usable_cores(), torch.get_num_threads(), [a for a in ray_node_argv("mac") 
 """
 
 
-@pytest.mark.skipif(not PINNED, reason="needs taskset and a machine of more than one core")
+@pytest.mark.skipif(not CAN_PIN, reason="needs taskset and a machine of more than one core")
 def test_a_process_held_to_one_core_trains_on_one_thread_and_offers_ray_one_cpu():
     first = sorted(os.sched_getaffinity(0))[0]
     out = subprocess.run(

@@ -3,7 +3,6 @@ speed-proportional batches, link emulation, and nothing left running afterwards.
 
 import json
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, hetbench, processes_mentioning, run_child, sets, sigterm_a_run
+from helpers import CAN_PIN, REPO, hetbench, processes_mentioning, run_child, sets, sigterm_a_run
 from hetbench.errors import UserError
 
 # quick.yaml on two local nodes, the mac's worker 3x slower: a few steps, accuracy on 300 images
@@ -303,7 +302,6 @@ def test_compose_starts_dask_with_the_environment_local_nodes_get():
 
 
 TWO_CLUSTERS = """
-import shutil
 import signal
 import sys
 from pathlib import Path
@@ -360,9 +358,6 @@ def test_two_workers_per_node_each_get_their_own_dask_worker(tmp_path):
     assert processes_mentioning(*cluster_addresses([record])) == {}
 
 
-PINNABLE = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1 and shutil.which("taskset")
-
-
 def affinities(pid: int) -> dict[int, list[int]]:
     """The cores each process of `pid`'s tree may run on (those that ended meanwhile left out)."""
     import psutil
@@ -378,7 +373,7 @@ def affinities(pid: int) -> dict[int, list[int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not PINNABLE, reason="needs CPU affinity, taskset and more than one core")
+@pytest.mark.skipif(not CAN_PIN, reason="needs CPU affinity, taskset and more than one core")
 def test_pinned_nodes_run_on_cores_of_their_own_and_the_driver_on_the_heads_until_the_end():
     from hetbench.cluster.multinode import cluster_for_run
     from hetbench.config import load_config
@@ -401,7 +396,7 @@ def test_pinned_nodes_run_on_cores_of_their_own_and_the_driver_on_the_heads_unti
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not PINNABLE, reason="needs CPU affinity, taskset and more than one core")
+@pytest.mark.skipif(not CAN_PIN, reason="needs CPU affinity, taskset and more than one core")
 def test_workers_on_pinned_nodes_train_on_their_nodes_cores(tmp_path):
     from hetbench.cores import core_shares
 
