@@ -13,7 +13,7 @@ import ray
 import torch
 
 from hetbench.clock import cv, median
-from hetbench.cluster.gloo import use_interface_toward
+from hetbench.cluster.collective import use_interface_toward
 from hetbench.cluster.ray_connection import on_driver_node, placement
 from hetbench.floor import floor_ranks, measure_floor
 from hetbench.gradients import count_parameters

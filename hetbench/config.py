@@ -92,6 +92,16 @@ class ClusterConfig:
     pin_nodes: bool = setting(
         False, "local-multinode: each node (and the driver, with the head) on its own share of the cores (Linux)"
     )
+    collective: Literal["auto", "gloo", "tcp"] = setting(
+        "auto",
+        "torch.distributed groups (torch-ddp, ray-train, the all-reduce floor): auto = gloo where every rank "
+        "runs one OS on a device gloo takes, else hetbench's TCP group (Linux + macOS) | gloo | tcp",
+    )
+    macos_nodes: tuple[str, ...] = setting(
+        (),
+        "local-multinode: these placement labels stand in for Macs: they report macOS and their gloo fails "
+        "as a real Mac's does against Linux (GLOO_DEVICE_TRANSPORT=UV)",
+    )
 
 
 Balance = Literal["equal", "proportional", "auto"]
@@ -494,6 +504,11 @@ def validate(cfg: Config) -> Config:
         raise UserError("link.rate emulates the links of a local-multinode cluster: set cluster.mode local-multinode")
     if cluster.pin_nodes and cluster.mode != "local-multinode":
         raise UserError("cluster.pin_nodes shares out the cores among local nodes: set cluster.mode local-multinode")
+    if cluster.macos_nodes and cluster.mode != "local-multinode":
+        raise UserError("cluster.macos_nodes marks local nodes as stand-in Macs: set cluster.mode local-multinode")
+    unknown = sorted(set(cluster.macos_nodes) - {w.node for w in cfg.workers})
+    if unknown:
+        raise UserError(f"cluster.macos_nodes names '{unknown[0]}', which no worker's node label is")
     if cluster.mode == "local-multinode" and not any(w.node for w in cfg.workers):
         raise UserError(
             "cluster.mode local-multinode needs workers with a 'node' placement label (e.g. node: desktop, node: mac)"

@@ -1,8 +1,10 @@
 """The floors: what moving the model between two nodes costs at the least, with nothing of ours.
 
-`gloo-floor`: a raw torch.distributed gloo all-reduce of the model's flat buffer, the all-reduce
-strategies' limit. `ps-floor`: the buffer sent up a direct TCP channel and echoed back down, a
-parameter server's limit (the gradient up, the weights down), over the path ray-ps's workers take.
+`gloo-floor`: a raw torch.distributed all-reduce of the model's flat buffer, the all-reduce
+strategies' limit, over the backend they use between these two nodes (cluster/collective.py: gloo,
+or hetbench's TCP group between operating systems; the record says which). `ps-floor`: the buffer
+sent up a direct TCP channel and echoed back down, a parameter server's limit (the gradient up, the
+weights down), over the path ray-ps's workers take.
 
 Two processes, placed like workers (cluster/placed.py): one on the reference worker's node (where
 the driver and a parameter server run), one on the first worker on another node (a desk and a Mac:
@@ -18,7 +20,7 @@ import time
 from dataclasses import asdict
 
 from hetbench.clock import cv, median
-from hetbench.cluster.gloo import join_group, rendezvous
+from hetbench.cluster.collective import join_group, operating_system, rendezvous
 from hetbench.cluster.nodes import direct_port
 from hetbench.cluster.place import place
 from hetbench.config import ClusterConfig, FloorConfig, LinkConfig, WorkerConfig
@@ -32,15 +34,26 @@ WARMUP = 5  # transfers that warm the connection up, untimed
 
 
 def allreduce_times(
-    rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float, store=None
+    rank: int, master: str, port: int, numel: int, iterations: int, timeout_s: float, cluster: ClusterConfig, store=None
 ) -> dict:
-    """The seconds of each timed all-reduce, and the interface this end's gloo used (rank 0 passes
-    its rendezvous store)."""
+    """The seconds of each timed all-reduce, the interface this end's gloo used and the backend the
+    group formed on (rank 0 passes its rendezvous store)."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    interface = join_group(master, port, rank, 2, timeout_s, store)
+    joined = join_group(
+        master,
+        port,
+        rank,
+        2,
+        timeout_s,
+        store,
+        collective=cluster.collective,
+        joined=bool(cluster.ray_address),
+        connect_timeout_s=min(timeout_s, cluster.connect_timeout_s),
+        device="cpu",
+    )
     try:
         buffer = torch.randn(numel)
         times = []
@@ -50,7 +63,7 @@ def allreduce_times(
             dist.all_reduce(buffer)
             if i >= WARMUP:
                 times.append(time.perf_counter() - start)
-        return {"times": times, "interface": interface}
+        return {"times": times, "interface": joined.interface, "collective": joined.collective}
     finally:
         dist.destroy_process_group()
 
@@ -63,7 +76,7 @@ class FloorEnd:
 
     def setup(self, workers: tuple[WorkerConfig, ...], rank: int, threads_share: int) -> dict:
         spec = workers[rank]
-        return {"name": spec.name, "node": spec.node, "host": socket.gethostname()}
+        return {"name": spec.name, "node": spec.node, "host": socket.gethostname(), "os": operating_system()}
 
     def rendezvous(self, master: str, timeout_s: float) -> int:
         """The gloo-floor's rendezvous, held open at `master`; the port the other end joins at."""
@@ -126,39 +139,53 @@ def measure_floor(
     floor: FloorConfig, cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], link: LinkConfig, numel: int
 ) -> tuple[dict, dict]:
     """The gloo-floor's and the ps-floor's figures (median and CV of one all-reduce, of one round
-    trip, of `numel` float32s) between the two workers' nodes, from the same two processes. A
-    ps-floor that cannot connect (the driver's machine must let the other in on 6386 in a joined
-    cluster, README: Ports) is a failed ps-floor: the gloo-floor's figures stand."""
-    iterations, timeout_s = floor.iterations, floor.timeout_s
+    trip, of `numel` float32s) between the two workers' nodes, from the same two processes. Either
+    may fail alone (a group that cannot form; a ps-floor that cannot connect: the driver's machine
+    must let the other in on 6386 in a joined cluster, README: Ports): that one is a failed record,
+    the other's figures stand."""
     ends = place(cluster, workers, FloorEnd, FLOOR_NAME, workers, ranks=floor_ranks(workers))
     try:
-        master = ends.info[0]["node_ip"]
-        (port,) = ends.results([ends.call(0, "rendezvous", master, timeout_s)], "opening the rendezvous")
-        args = (master, port, numel, iterations, timeout_s)
-        measured = ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring")
+        try:
+            measured, allreduce_failure = measure_allreduces(ends, cluster, floor, numel), None
+        except RunFailed as e:
+            measured, allreduce_failure = None, {"status": "failed", "reason": str(e)}
         try:
             roundtrips, failure = measure_roundtrips(ends, floor, bool(cluster.ray_address), numel), None
         except RunFailed as e:
             roundtrips, failure = None, {"status": "failed", "reason": str(e)}
     finally:
         ends.close()
-    # A collective ends when the slower rank has its result: take the max per iteration.
-    per_iteration = [max(a, b) for a, b in zip(*(m["times"] for m in measured))]
     common = {
         "numel": numel,
         "bytes": numel * 4,
-        "iterations": iterations,
+        "iterations": floor.iterations,
         "path": {
             "between": [i["name"] for i in ends.info],
             "nodes": [i["node"] for i in ends.info],
             "ips": [i["node_ip"] for i in ends.info],
-            "interfaces": [m["interface"] for m in measured],
+            "interfaces": [m["interface"] for m in measured] if measured else None,
+            "systems": [i["os"] for i in ends.info],
         },
         "link": {key: value for key, value in asdict(link).items() if value} or None,
     }
-    gloo = {"allreduce_s": median(per_iteration), "allreduce_cv": cv(per_iteration), **common}
+    if measured is None:
+        allreduce = allreduce_failure
+    else:
+        # A collective ends when the slower rank has its result: take the max per iteration.
+        per_iteration = [max(a, b) for a, b in zip(*(m["times"] for m in measured))]
+        allreduce = {"allreduce_s": median(per_iteration), "allreduce_cv": cv(per_iteration)}
+        allreduce["collective"] = measured[0]["collective"]
     ps = failure or {"roundtrip_s": median(roundtrips), "roundtrip_cv": cv(roundtrips)}
-    return gloo, {**ps, **common}
+    return {**allreduce, **common}, {**ps, **common}
+
+
+def measure_allreduces(ends, cluster: ClusterConfig, floor: FloorConfig, numel: int) -> list[dict]:
+    """The gloo-floor: both ends in one group of the backend the all-reduce rows use between them,
+    each timing every all-reduce."""
+    master = ends.info[0]["node_ip"]
+    (port,) = ends.results([ends.call(0, "rendezvous", master, floor.timeout_s)], "opening the rendezvous")
+    args = (master, port, numel, floor.iterations, floor.timeout_s, cluster)
+    return ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring the all-reduce")
 
 
 def measure_roundtrips(ends, floor: FloorConfig, joined: bool, numel: int) -> list[float]:

@@ -26,6 +26,7 @@ import torch
 
 from hetbench.balance import resplit_event, speed_split
 from hetbench.clock import now
+from hetbench.cluster import collective
 from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
@@ -88,9 +89,8 @@ def train_loop(config: dict) -> None:
     rank = DDPRank()  # this rank's worker: device resolved here, on its own node; the group is Ray Train's
     info = rank.setup(job, index, workers_per_host(job.cluster, job.workers, job.workers[index], joined))
     here = {"rank": world_rank, "node_id": ray.get_runtime_context().get_node_id()}
-    collector.record.remote(
-        ("ready",), world_rank, {**info, **here, "gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME")}
-    )
+    joined_as = {"gloo_interface": os.environ.get("GLOO_SOCKET_IFNAME"), "collective": collective.formed}
+    collector.record.remote(("ready",), world_rank, {**info, **here, **joined_as})
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
@@ -162,7 +162,7 @@ class RayTrainGloo(Strategy):
         from ray.train import FailureConfig, RunConfig, ScalingConfig
         from ray.train.torch import TorchTrainer
 
-        from hetbench.strategies.ray_train_backend import GlooTorchConfig
+        from hetbench.strategies.ray_train_backend import CollectiveTorchConfig
 
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers = self.job.workers
@@ -173,7 +173,12 @@ class RayTrainGloo(Strategy):
         trainer = TorchTrainer(
             train_loop,
             train_loop_config={"job": self.job, "collector": self.collector, "joined": joined},
-            torch_config=GlooTorchConfig(backend="gloo", timeout_s=int(self.timeout_s)),
+            torch_config=CollectiveTorchConfig(
+                timeout_s=int(self.timeout_s),
+                collective=self.job.cluster.collective,
+                joined=joined,
+                connect_timeout_s=self.job.cluster.connect_timeout_s,
+            ),
             scaling_config=ScalingConfig(
                 num_workers=len(workers),
                 use_gpu=False,

@@ -10,6 +10,7 @@ import time
 import torch
 
 from hetbench.clock import cpu_wait, now
+from hetbench.cluster.collective import operating_system
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
@@ -65,6 +66,7 @@ class Replica:
             "device": str(self.device),
             "node": self.spec.node,
             "host": socket.gethostname(),
+            "os": operating_system(),  # what cluster.collective's auto chooses by
             "pid": os.getpid(),
             "threads": torch.get_num_threads(),
             "cores": usable_cores(),  # those this process may run on (its node's share, where pinned)

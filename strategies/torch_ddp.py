@@ -1,8 +1,9 @@
-"""Plain PyTorch DistributedDataParallel over gloo: single.py's loop, one rank per configured worker.
+"""Plain PyTorch DistributedDataParallel: single.py's loop, one rank per configured worker.
 
 What a user would write instead of Ray: the ranks are processes placed like any worker's
 (cluster/placed.py: one on each labelled node), and from then on gradients go rank to rank in
-DDP's own gloo group. Nothing but "take a step" and the step's timings passes through the driver.
+DDP's own group: gloo, or hetbench's TCP group between operating systems (cluster/collective.py).
+Nothing but "take a step" and the step's timings passes through the driver.
 
 Differs from single.py in (1)-(3): (1) each rank computes on its own slice of the global batch;
 (2) DDP all-reduces the gradient bucket by bucket while backward still runs, through our comm hook:
@@ -25,7 +26,7 @@ from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDSt
 from torch.nn.parallel import DistributedDataParallel
 
 from hetbench.clock import now
-from hetbench.cluster.gloo import join_group, rendezvous
+from hetbench.cluster.collective import Joined, join_group, rendezvous
 from hetbench.cluster.place import place
 from hetbench.config import Job, setting
 from hetbench.devices import gloo_takes
@@ -41,7 +42,7 @@ NAME = "torch-ddp"
 
 
 class DDPRank(Replica):
-    """One rank: a worker's process, device and slice, in DDP's gloo group."""
+    """One rank: a worker's process, device and slice, in DDP's group."""
 
     powersgd_rank: int | None = None  # set by compress(): PowerSGD's rank, or None for the plain bucket
     powersgd_start: int  # set by compress(): PowerSGD's first compressed step
@@ -60,8 +61,20 @@ class DDPRank(Replica):
         self.store = rendezvous(master, world, self.job.cluster.step_timeout_s)
         return self.store.port
 
-    def join(self, master: str, port: int, world: int) -> str | None:
-        return join_group(master, port, self.rank, world, self.job.cluster.step_timeout_s, self.store)
+    def join(self, master: str, port: int, world: int) -> Joined:
+        cluster = self.job.cluster
+        return join_group(
+            master,
+            port,
+            self.rank,
+            world,
+            cluster.step_timeout_s,
+            self.store,
+            collective=cluster.collective,
+            joined=bool(cluster.ray_address),
+            connect_timeout_s=cluster.connect_timeout_s,
+            device=self.device.type,
+        )
 
     def compress(self, powersgd_rank: int | None, powersgd_start: int) -> None:
         """From the next reset on: buckets through PowerSGD at this rank (None: as they are), plain
@@ -146,7 +159,7 @@ class DDPOptions:
 class TorchDDP(Strategy):
     name = NAME
     options = DDPOptions
-    table_note = "torch-ddp: PyTorch DDP over gloo, no Ray between the ranks; one all-reduce per step."
+    table_note = "torch-ddp: PyTorch DDP, no Ray between the ranks; one all-reduce per step."
     floor_transfers = 1.0
     resumable = True  # PowerSGD's error feedback is not checkpointed: a resumed run starts it afresh
     rebalances = True
@@ -171,17 +184,17 @@ class TorchDDP(Strategy):
             )
 
     def start(self) -> None:
-        # (0) one process per worker on its labelled node, then DDP's gloo group between them
+        # (0) one process per worker on its labelled node, then DDP's group between them
         self.placed = place(self.job.cluster, self.job.workers, DDPRank, self.name, self.job)
         self.info = self.placed.info
         self._set_split([info["batch"] for info in self.info])
         master = self.info[0]["node_ip"]
         world = len(self.info)
         (port,) = self.placed.results([self.placed.call(0, "listen", master, world)], "opening the rendezvous")
-        joined = self._each("join", master, port, world, doing="forming the gloo group (README: Ports)")
+        joined = self._each("join", master, port, world, doing="forming the group (README: Ports)")
         self._each("compress", self.powersgd_rank, self.settings.powersgd_start)
-        for info, interface in zip(self.info, joined):
-            info["gloo_interface"] = interface
+        for info, joined_as in zip(self.info, joined):
+            info["gloo_interface"], info["collective"] = joined_as.interface, joined_as.collective
 
     def reset(self, seed: int) -> None:
         self._each("reset", seed)

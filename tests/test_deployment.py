@@ -63,14 +63,14 @@ def test_the_macs_nodes_listen_toward_the_head_on_fixed_ports_and_dask_never_see
 
 def test_a_gloo_rank_joins_on_its_interface_toward_rank_zero_unless_its_starter_chose_one(monkeypatch):
     # not the host name's address: 127.0.1.1 in a Debian desk's containers, which the Mac would dial
-    from hetbench.cluster import gloo
+    from hetbench.cluster import collective
 
-    monkeypatch.setattr(gloo, "CHOSEN", None)
+    monkeypatch.setattr(collective, "CHOSEN", None)
     monkeypatch.setenv("GLOO_SOCKET_IFNAME", "")  # so that what the calls set is undone after the test
     monkeypatch.delenv("GLOO_SOCKET_IFNAME")
-    assert gloo.use_interface_toward("127.0.0.1") == "lo" and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
-    monkeypatch.setattr(gloo, "CHOSEN", "hbm42")  # hetbench worker's, an emulated link's, the user's
-    assert gloo.use_interface_toward("127.0.0.1") == "hbm42" and os.environ["GLOO_SOCKET_IFNAME"] == "hbm42"
+    assert collective.use_interface_toward("127.0.0.1") == "lo" and os.environ["GLOO_SOCKET_IFNAME"] == "lo"
+    monkeypatch.setattr(collective, "CHOSEN", "hbm42")  # hetbench worker's, an emulated link's, the user's
+    assert collective.use_interface_toward("127.0.0.1") == "hbm42" and os.environ["GLOO_SOCKET_IFNAME"] == "hbm42"
 
 
 def test_a_missing_or_empty_token_file_is_one_sentence(tmp_path, monkeypatch):

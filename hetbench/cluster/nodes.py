@@ -42,6 +42,10 @@ RAY_NODE_PORTS = {
 DASK_HTTP_LOCAL = ["--dashboard-address", "127.0.0.1:0"]
 DASK_WORKER_PORT = 8788  # the Dask worker (no nanny): the scheduler and the client call it
 DIRECT_PORT = 6386  # ray-ps's server on the head: the other node's workers' own connections to it
+# hetbench's TCP process group (transport/tcp_group.py: torch-ddp, the Ray Train row and the
+# all-reduce floor between operating systems): in a joined cluster each rank listens on the first
+# free one of these, on its address toward rank 0 (ten: a machine's ranks of one row, and a floor's)
+COLLECTIVE_PORTS = (6390, 6399)
 
 
 def direct_port(joined: bool) -> int:

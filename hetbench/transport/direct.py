@@ -177,9 +177,9 @@ class Channel:
     def _read(self) -> None:
         try:
             while True:
-                tag, offset, size, char = HEADER.unpack(_read_exactly(self.sock, HEADER.size, patient=True))
+                tag, offset, size, char = HEADER.unpack(read_exactly(self.sock, HEADER.size, patient=True))
                 array = np.empty(size // np.dtype(char.decode()).itemsize, char.decode())
-                _read_into(self.sock, memoryview(array).cast("B"), patient=True)
+                read_into(self.sock, memoryview(array).cast("B"), patient=True)
                 self.inbox.put((tag, offset, array, time.perf_counter()))
         except (OSError, ConnectionError, ValueError):
             self.inbox.put((-1, 0, None, time.perf_counter()))
@@ -206,9 +206,9 @@ class Listener:
             try:
                 sock, _ = self.sock.accept()
                 sock.settimeout(self.timeout_s)
-                secret = _read_exactly(sock, SECRET_BYTES)
-                (length,) = struct.unpack("!H", _read_exactly(sock, 2))
-                name = _read_exactly(sock, length).decode()
+                secret = read_exactly(sock, SECRET_BYTES)
+                (length,) = struct.unpack("!H", read_exactly(sock, 2))
+                name = read_exactly(sock, length).decode()
             except (OSError, ConnectionError, UnicodeDecodeError):
                 continue
             if hmac.compare_digest(secret, self.secret) and name in names:
@@ -221,13 +221,13 @@ class Listener:
         self.sock.close()
 
 
-def _read_exactly(sock: socket.socket, size: int, patient: bool = False) -> bytes:
+def read_exactly(sock: socket.socket, size: int, patient: bool = False) -> bytes:
     buffer = bytearray(size)
-    _read_into(sock, memoryview(buffer), patient)
+    read_into(sock, memoryview(buffer), patient)
     return bytes(buffer)
 
 
-def _read_into(sock: socket.socket, view: memoryview, patient: bool = False) -> None:
+def read_into(sock: socket.socket, view: memoryview, patient: bool = False) -> None:
     """Fill `view`; `patient`: wait past the socket's timeout (`receive` bounds the reader's waits)."""
     while view.nbytes:
         try:
