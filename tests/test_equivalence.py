@@ -34,3 +34,46 @@ def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, na
         strategy.close()
     assert not torch.equal(trained[0], initial)  # it did train
     assert torch.equal(trained[0], trained[1])
+
+
+GROUP_ROWS = {  # the rows that form a torch.distributed group, and their settings
+    "torch-ddp": [],
+    "torch-ddp-powersgd": ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_start=6"],  # its hook, plain
+    "ray-train-gloo": [],
+}
+
+
+@pytest.mark.parametrize("collective", ["gloo", "tcp"])
+@pytest.mark.parametrize("row", GROUP_ROWS)
+def test_five_steps_in_a_group_of_either_backend_equal_single_s(tmp_path, row, collective, shared_cluster):
+    five = ["eval_every=1", "steps=5", "warmup_steps=0", "repeats=1", f"cluster.collective={collective}"]
+    cfg = small_config(tmp_path, UNEQUAL, *five, *GROUP_ROWS[row], *shared_cluster.overrides)
+    (single, _), (grouped, info) = (weights_after(name, cfg, 5) for name in ("single", row.split("-powersgd")[0]))
+    assert [w["collective"] for w in info] == [collective] * 2
+    assert torch.allclose(grouped, single, atol=1e-4, rtol=0), (grouped - single).abs().max()
+
+
+def weights_after(name: str, cfg, steps: int):
+    """Strategy `name`'s weights after `steps` steps from the seed, and its workers' info."""
+    strategy = made(registry.load(name), cfg)
+    try:
+        strategy.start()
+        strategy.reset(cfg.run.seed)
+        for step in range(steps):
+            strategy.step(step)
+        return strategy.weights(), strategy.worker_info()
+    finally:
+        strategy.close()
+
+
+def test_powersgd_compresses_alike_over_gloo_and_the_tcp_group(tmp_path, shared_cluster):
+    # from step 2 the hook all-reduces low-rank factors in chained callbacks: the same math on either
+    powersgd = ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_rank=2", "torch-ddp.powersgd_start=2"]
+    trained = []
+    for collective in ("gloo", "tcp"):
+        five = ["eval_every=1", "steps=5", "warmup_steps=0", "repeats=1", f"cluster.collective={collective}"]
+        cfg = small_config(tmp_path, UNEQUAL, *five, *powersgd, *shared_cluster.overrides)
+        trained.append(weights_after("torch-ddp", cfg, 5)[0])
+    single = weights_after("single", cfg, 5)[0]
+    assert (trained[0] - single).abs().max() > 1e-3  # it did compress
+    assert torch.allclose(trained[0], trained[1], atol=1e-4, rtol=0), (trained[0] - trained[1]).abs().max()

@@ -411,3 +411,34 @@ def test_workers_on_pinned_nodes_train_on_their_nodes_cores(tmp_path):
         assert [(w["cores"], w["threads"]) for w in record["workers"]] == [(n, n) for n in shares]
     assert records[0]["config"]["cluster"]["pin_nodes"] is True
     assert processes_mentioning(*cluster_addresses(records)) == {}
+
+
+@pytest.mark.slow
+def test_a_stand_in_mac_forms_every_group_over_tcp_and_gloo_forced_is_refused_in_a_sentence(tmp_path):
+    # the mac node's gloo fails as a real Mac's does against Linux (no tcp transport), and it says Darwin
+    groups = "strategies=[torch-ddp, ray-train-gloo]"
+    result = run_on_two_nodes(tmp_path / "auto", groups, "cluster.macos_nodes=[mac]", "standalone_steps=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = records_of(tmp_path / "auto")
+    assert [r["status"] for r in records] == ["ok"] * 4
+    ddp, train, floor, ps_floor = records
+    for row in (ddp, train):
+        joined = {w["name"]: (w["os"], w["collective"]) for w in row["workers"]}
+        assert joined == {"desk": ("Linux", "tcp"), "mac": ("Darwin", "tcp")}
+    assert floor["collective"] == "tcp" and floor["path"]["systems"] == ["Linux", "Darwin"]
+    assert floor["allreduce_s"] > 0 and ps_floor["roundtrip_s"] > 0
+    assert "collective" in (tmp_path / "auto" / "quick.md").read_text()
+
+    forced = run_on_two_nodes(
+        tmp_path / "gloo",
+        "strategies=[torch-ddp]",
+        "cluster.macos_nodes=[mac]",
+        "cluster.collective=gloo",
+        "standalone_steps=0",
+    )
+    assert forced.returncode == 1
+    failed, gloo_floor, ps_floor = records_of(tmp_path / "gloo")
+    assert failed["status"] == gloo_floor["status"] == "failed" and ps_floor["status"] == "ok"  # each floor alone
+    for record in (failed, gloo_floor):
+        assert "gloo cannot form a group between Darwin and Linux" in record["reason"], record["reason"]
+    assert processes_mentioning(*cluster_addresses(records)) == {}

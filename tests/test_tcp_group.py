@@ -115,6 +115,23 @@ def test_a_collective_returns_at_once_and_its_future_completes_in_issue_order():
         shut(pgs)
 
 
+def test_a_callback_may_issue_the_next_collective_and_wait_on_it_as_powersgd_s_hook_does():
+    pgs = groups(2)
+    try:
+
+        def chained(pg, r):
+            first, second = torch.ones(4), torch.full((4,), 10.0)
+
+            def then(_):
+                return pg.allreduce([second], reduce_opts(dist.ReduceOp.SUM)).get_future().wait()[0]
+
+            return pg.allreduce([first], reduce_opts(dist.ReduceOp.SUM)).get_future().then(then).wait().tolist()
+
+        assert on_every_rank(pgs, chained) == [[20.0] * 4] * 2
+    finally:
+        shut(pgs)
+
+
 def test_ranks_that_issue_different_collectives_fail_in_one_sentence_and_stay_failed():
     pgs = groups(2)
     try:

@@ -23,6 +23,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import replace
 
+from hetbench.cluster.collective import REPORTED_OS_ENV
 from hetbench.cluster.netns import Link, check_can_emulate, open_links
 from hetbench.cluster.nodes import DASK_HTTP_LOCAL, DASK_NODE_ENV, dask_worker_argv, dask_workers, ray_node_argv
 from hetbench.cluster.processes import kill_trees, stop_trees
@@ -33,6 +34,11 @@ from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
 HOST_IP = "127.0.0.1"
+# A Mac's processes, as far as a Linux process can be one to the group it joins: macOS has only
+# gloo's uv transport, which Linux torch lacks, so any gloo group fails at once there as a real
+# Mac's does against a Linux desktop (pytorch/gloo#383); and it reports macOS, so `auto` chooses
+# as on the real pair (cluster/collective.py).
+MAC_STAND_IN = {"GLOO_DEVICE_TRANSPORT": "UV", REPORTED_OS_ENV: "Darwin"}
 HEALTH_CHECKS = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "3000",
@@ -49,10 +55,16 @@ class LocalMultinode:
     """Start with `start()`, stop with `stop()` (idempotent, on every exit path)."""
 
     def __init__(
-        self, workers: tuple[WorkerConfig, ...], link: LinkConfig, timeout_s: float, pin: bool = False
+        self,
+        workers: tuple[WorkerConfig, ...],
+        link: LinkConfig,
+        timeout_s: float,
+        pin: bool = False,
+        macos: tuple[str, ...] = (),
     ) -> None:
         self.workers, self.rate, self.timeout_s = workers, link.rate, timeout_s  # timeout_s: for each node to come up
         self.labels = placement_labels(workers)
+        self.macos = set(macos)  # labels whose processes stand in for a Mac's (MAC_STAND_IN)
         # label -> the cores its processes may run on (pinned), else every node takes them all
         self.cores: dict[str, list[int]] = dict(zip(self.labels, core_shares(len(self.labels)))) if pin else {}
         if pin and not shutil.which("taskset"):
@@ -143,12 +155,14 @@ class LocalMultinode:
         return self.links[label].prefix() if label in self.links else []
 
     def _env(self, label: str | None) -> dict:
-        """The cluster's environment; behind a link, gloo told which interface is its end of it."""
+        """The cluster's environment; behind a link, gloo told which interface is its end of it; on a
+        stand-in Mac, gloo that fails as a Mac's does against Linux, and macOS reported."""
+        env = {**self.env, **(MAC_STAND_IN if label in self.macos else {})}
         if label in self.links:
-            return {**self.env, **self.links[label].gloo_env(inside=True)}
+            return {**env, **self.links[label].gloo_env(inside=True)}
         if self.links and label == self.labels[0]:  # the head: the host end (one link per gloo peer)
-            return {**self.env, **next(iter(self.links.values())).gloo_env(inside=False)}
-        return self.env
+            return {**env, **next(iter(self.links.values())).gloo_env(inside=False)}
+        return env
 
     def _pinned(self, label: str | None) -> list[str]:
         """`taskset` onto the node's cores (the scheduler's: the head's), where nodes are pinned; what
@@ -291,7 +305,9 @@ def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...
     if cluster_cfg.mode != "local-multinode":
         yield cluster_cfg, None, None
         return
-    cluster = LocalMultinode(workers, link, cluster_cfg.connect_timeout_s, cluster_cfg.pin_nodes)
+    cluster = LocalMultinode(
+        workers, link, cluster_cfg.connect_timeout_s, cluster_cfg.pin_nodes, cluster_cfg.macos_nodes
+    )
     saved_token = os.environ.get("RAY_AUTH_TOKEN")
     own_cores = os.sched_getaffinity(0) if cluster.cores else None
     try:

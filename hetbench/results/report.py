@@ -79,13 +79,15 @@ def own_floor_s(record: dict, records: list[dict]) -> float | None:
 
 def _workers(record: dict) -> str:
     if record["strategy"] in FLOORS:
-        return _floor_path(record)
+        return _floor_path(record) + (f" [{record['collective']}]" if record.get("collective") else "")
+    workers = record.get("workers", [])
+    collective = next((w["collective"] for w in workers if w.get("collective")), None)
     return ", ".join(
         f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
         + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
         + (f" (lost at step {w['lost_at_step']})" if "lost_at_step" in w else "")
-        for w in record.get("workers", [])
-    )
+        for w in workers
+    ) + (f" [{collective}]" if collective else "")
 
 
 def _balance(record: dict) -> str | None:
@@ -284,6 +286,8 @@ the workers column shows the last split). scaling eff: samples/s over the sum of
 trains alone on the whole batch in the same run (the median of its timings just before and just after the
 row; auto's split uses those at the run's start; "drift": above 100%, which says the machine's speed moved
 between those timings and the row, not that the row beat its workers). "(slowed Nx)" marks an emulated slow worker.
+[gloo] / [tcp]: the collective a torch.distributed group formed on (cluster.collective; auto: gloo where
+every rank runs one operating system on a device gloo takes, else hetbench's TCP group, as between Linux and macOS).
 floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
 same run, over the same link), k = the strategy's transfers of the model per step (1 for an
 all-reduce, 2 for a parameter server: gradient up, then weights down): what the link allows a

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 NAME = "hetbench-tcp"
 HEADER = struct.Struct("!qq")  # the collective's sequence number, the payload's bytes
 HELLO = struct.Struct("!16sq")  # the group's secret, the dialling rank
+COMPLETERS = 4  # threads that complete the futures: how deep callbacks may wait on later collectives
 MAGIC_KEYS = ("tcp-group/secret", "tcp-group/address/")
 
 REDUCTIONS: dict = {
@@ -123,6 +124,9 @@ class TcpProcessGroup(dist.ProcessGroup):
         self.queue: queue.Queue = queue.Queue()
         # a rank sends to several peers at once while it receives (one thread each way per peer)
         self.senders = ThreadPoolExecutor(max_workers=max(1, size - 1), thread_name_prefix="tcp-group-send")
+        # Futures complete on threads of their own, as gloo's do on its pool: a callback may issue the
+        # next collective and wait on it (PowerSGD's hook does), which the runner must stay free to run
+        self.completers = ThreadPoolExecutor(max_workers=COMPLETERS, thread_name_prefix="tcp-group-done")
         self.runner = threading.Thread(target=self._run, daemon=True, name="tcp-group")
         self.runner.start()
 
@@ -182,6 +186,7 @@ class TcpProcessGroup(dist.ProcessGroup):
                 pass
             sock.close()
         self.senders.shutdown(wait=False, cancel_futures=True)
+        self.completers.shutdown(wait=False)
 
     abort = shutdown
 
@@ -215,9 +220,9 @@ class TcpProcessGroup(dist.ProcessGroup):
             except BaseException as e:
                 if self.broken is None:
                     self.broken = e if isinstance(e, GroupBroken) else GroupBroken(f"{NAME}: {e}")
-                future.set_exception(self.broken)
+                self.completers.submit(future.set_exception, self.broken)
                 continue
-            future.set_result(result)
+            self.completers.submit(future.set_result, result)
 
     # the algorithms, on CPU tensors, on the group's thread
 
