@@ -10,7 +10,7 @@ import yaml
 
 from helpers import REPO
 from hetbench.cluster.join_checks import check_token
-from hetbench.cluster.nodes import DASK_WORKER_PORT, DIRECT_PORT, RAY_NODE_PORTS, fixed_port_args
+from hetbench.cluster.nodes import COLLECTIVE_PORTS, DASK_WORKER_PORT, DIRECT_PORT, RAY_NODE_PORTS, fixed_port_args
 from hetbench.cluster.worker import node_commands, node_environments
 from hetbench.errors import UserError
 
@@ -23,12 +23,13 @@ def test_compose_the_readme_and_the_smokes_firewall_name_the_fixed_ports_of_node
     assert f"--worker-port={DASK_WORKER_PORT}" in COMPOSE["services"]["dask-worker"]["command"].split()
     assert f" {DIRECT_PORT} ray-ps" in (REPO / "compose.yaml").read_text()  # named for the firewall's owner
     readme = (REPO / "README.md").read_text()
-    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT, DIRECT_PORT]:
+    assert f" {COLLECTIVE_PORTS[0]}-{COLLECTIVE_PORTS[1]} the TCP group" in (REPO / "compose.yaml").read_text()
+    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT, DIRECT_PORT, *COLLECTIVE_PORTS]:
         assert re.search(rf"\b{port}\b", readme), f"README does not list port {port}"
     smoke = (REPO / "deploy/ci/compose-smoke.sh").read_text()
     opened = re.search(r"^MAC_PORTS=(\S+)$", smoke, re.M).group(1)
     ranges = [tuple(int(n) for n in part.split(":")) for part in opened.split(",")]
-    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT]:
+    for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT, *COLLECTIVE_PORTS]:
         assert any(r[0] <= port <= r[-1] for r in ranges), f"the smoke's firewall does not open {port}"
 
 
@@ -139,3 +140,17 @@ def test_the_pinned_ray_joins_a_node_of_another_python_patch_release_but_not_ano
     check_version_info({"ray_version": ray.__version__, "python_version": f"{major}.{minor}.99"}, "test")
     with pytest.raises(RuntimeError, match="Version mismatch"):
         check_version_info({"ray_version": ray.__version__, "python_version": f"{major}.{int(minor) + 1}.0"}, "test")
+
+
+def test_the_group_check_forms_the_backend_the_rows_will_and_names_a_failure_in_a_sentence(monkeypatch):
+    from distributed import LocalCluster
+
+    from hetbench.cluster import collective
+    from hetbench.cluster.join_checks import check_group
+
+    with LocalCluster(n_workers=0, processes=False, scheduler_port=0, dashboard_address=None) as cluster:
+        assert check_group("127.0.0.1", cluster.scheduler_address, 30.0) == "gloo"  # both ends Linux
+        monkeypatch.setattr(collective, "operating_system", lambda: "Darwin")  # this end as a Mac's
+        assert check_group("127.0.0.1", cluster.scheduler_address, 30.0) == "tcp"
+        with pytest.raises(UserError, match="the head could not open a group's rendezvous at 192.0.2.1"):
+            check_group("192.0.2.1", cluster.scheduler_address, 10.0)  # TEST-NET-1: no address of this machine

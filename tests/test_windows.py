@@ -78,7 +78,7 @@ def test_the_hyperv_rule_opens_the_ports_the_readme_lists_for_the_desktop():
     readme = (REPO / "README.md").read_text()
     assert wsl.HYPERV_RULE in readme and wsl.WSL_VM_CREATOR_ID in wsl.HYPERV_RULE
     ranges = [[int(n) for n in part.split("-")] for part in wsl.DESKTOP_PORTS.split(",")]
-    for port in (6379, 6380, 6385, 6386, 8786, 8788, 10002, 10101, 32768, 60999):
+    for port in (6379, 6380, 6385, 6386, 6390, 6399, 8786, 8788, 10002, 10101, 32768, 60999):
         assert any(r[0] <= port <= r[-1] for r in ranges), port
 
 

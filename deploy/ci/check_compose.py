@@ -55,6 +55,23 @@ def gpu_policy(args) -> None:
     print("check_compose: ok: every service may open 65,536 files")
 
 
+GROUPS = ("torch-ddp", "ray-train-gloo")  # the rows that form a torch.distributed group
+
+
+def check_collective(records: list[dict], expected: str) -> None:
+    """Every group (the rows' and the all-reduce floor's) formed on `expected` on every rank."""
+    used = {}
+    for r in records:
+        if r["strategy"] in GROUPS:
+            used.update({(r["strategy"], w["node"]): w.get("collective") for w in r["workers"]})
+        if r["strategy"] == "gloo-floor":
+            used[("gloo-floor", "both")] = r.get("collective")
+    wrong = {key: collective for key, collective in used.items() if collective != expected}
+    if not used or wrong:
+        fail(f"groups formed on {wrong or 'nothing recorded'}, not on {expected}")
+    print(f"check_compose: ok: every group formed on {expected}: {sorted(used)}")
+
+
 def check_records(records: list[dict], strategies: list[str], floor: bool) -> None:
     failed = [(r["strategy"], r.get("balance"), r.get("reason")) for r in records if r["status"] != "ok"]
     if failed:
@@ -151,6 +168,8 @@ def run(args) -> None:
     if sorted({r["strategy"] for r in records if r["strategy"] not in FLOORS}) != sorted(strategies):
         fail(f"the records hold {[r['strategy'] for r in records]}, not {strategies}")
     check_records(records, strategies, args.floor)
+    if args.collective:
+        check_collective(records, args.collective)
     if args.gloo_interfaces:
         expected = dict(pair.split("=") for pair in args.gloo_interfaces.split(","))
         check_gloo_interfaces(services["ray-head"], records, expected)
@@ -213,6 +232,7 @@ def main() -> None:
     ran.add_argument(
         "--floor", action="store_true", help="the run has the floors' rows (gloo-floor, ps-floor), across the link"
     )
+    ran.add_argument("--collective", help="the backend every group (rows and the all-reduce floor) formed on")
     ran.add_argument("--gloo-interfaces", help="node=interface,...: where each node's gloo must have run")
     ran.set_defaults(func=run)
     slept = sub.add_parser("woke")

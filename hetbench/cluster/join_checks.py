@@ -152,3 +152,66 @@ def check_machine() -> None:
             f"this Python is {platform.machine()} (under Rosetta), which has no MPS: "
             "install an arm64 Python 3.11 (e.g. from python.org or Homebrew in /opt/homebrew)"
         )
+
+
+def check_group(head: str, scheduler: str, timeout_s: float) -> str:
+    """A two-rank group with the head, of the backend the rows will choose (cluster/collective.py):
+    rank 0 in a process the head's Dask scheduler starts, rank 1 here, one all-reduce. The backend
+    it formed on; what failed, in one sentence, before any row waits on it."""
+    import torch
+    import torch.distributed as dist
+    from distributed import Client
+
+    from hetbench.cluster.collective import join_group
+
+    with Client(scheduler, timeout=timeout_s) as client:
+        port = client.run_on_scheduler(start_group_rank_zero, head, timeout_s)
+    if port is None:
+        raise UserError(f"the head could not open a group's rendezvous at {head} within {timeout_s:g} s")
+    try:
+        joined = join_group(head, port, 1, 2, timeout_s, joined=True, connect_timeout_s=timeout_s)
+        ones = torch.ones(4)
+        dist.all_reduce(ones)
+        if ones.tolist() != [2.0] * 4:
+            raise RuntimeError(f"an all-reduce of ones gave {ones.tolist()}")
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise UserError(
+            f"this machine and the head could not form a group (torch-ddp's, Ray Train's): {reason} (README: Ports)"
+        ) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return joined.collective
+
+
+async def start_group_rank_zero(head: str, timeout_s: float) -> int | None:
+    """On the head's scheduler: rank 0 of check_group's group in a process of its own (its event
+    loop stays free); the rendezvous port it listens at, or None. The process ends by itself once
+    the group is done or its waits run out."""
+    import asyncio
+    import subprocess
+
+    code = f"from hetbench.cluster.join_checks import group_rank_zero; group_rank_zero({head!r}, {timeout_s!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        return None
+    return int(line) if line.strip().isdigit() else None
+
+
+def group_rank_zero(head: str, timeout_s: float) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from hetbench.cluster.collective import join_group, rendezvous
+
+    store = rendezvous(head, 2, timeout_s)
+    print(store.port, flush=True)
+    join_group(head, store.port, 0, 2, timeout_s, store, joined=True, connect_timeout_s=timeout_s)
+    try:
+        dist.all_reduce(torch.ones(4))
+    finally:
+        dist.destroy_process_group()

@@ -20,6 +20,7 @@ import time
 from hetbench.cluster.addresses import check_reachable, interface_of, route_address
 from hetbench.cluster.join_checks import (
     check_both_directions,
+    check_group,
     check_machine,
     check_token,
     check_versions,
@@ -89,6 +90,7 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
         check_both_directions(head, route_address(head), scheduler, timeout_s)
         if warning := gloo_warning(route_address(head), scheduler, timeout_s):
             say(f"warning: {warning}")
+        say(f"a group with the head formed on {check_group(head, scheduler, timeout_s)}")
         say(
             f"joined {head} as '{label}' (Ray node + Dask worker '{name}'); Ctrl-C leaves nothing running. Logs: {logs}"
         )

@@ -18,6 +18,7 @@ import subprocess
 from pathlib import Path
 
 from hetbench.cluster.nodes import (
+    COLLECTIVE_PORTS,
     DASK_WORKER_PORT,
     DIRECT_PORT,
     HEAD_DASK_PORT,
@@ -31,11 +32,13 @@ OSRELEASE = Path("/proc/sys/kernel/osrelease")  # the kernel's release: a contai
 # WSL's VM creator id in the Hyper-V firewall (Microsoft's documentation, WSL networking)
 WSL_VM_CREATOR_ID = "{40E0AC32-46A5-438A-A0B2-2B479E8F2E90}"
 # What the Mac connects to on the desktop (README: Ports): Ray's GCS and node, ray-ps's server, Dask's
-# scheduler and worker, Ray's worker processes, gloo's ephemeral ports
+# scheduler and worker, Ray's worker processes, the TCP group's ranks, gloo's (and a group's
+# rendezvous') ephemeral ports
 _RAY = RAY_NODE_PORTS
 DESKTOP_PORTS = ",".join(
     [
         f"{HEAD_RAY_PORT}-{DIRECT_PORT}",
+        "{}-{}".format(*COLLECTIVE_PORTS),
         f"{HEAD_DASK_PORT}",
         f"{DASK_WORKER_PORT}",
         f"{_RAY['min-worker-port']}-{_RAY['max-worker-port']}",
