@@ -129,6 +129,9 @@ class RunConfig:
     eval_samples: int = setting(2000, "test images for those checks")
     test_samples: int = setting(0, "test images for the final accuracy (0 = the whole split)")
     target_accuracy: float = setting(0.9, "for time-to-target")
+    accuracy_tolerance: float = setting(
+        0.005, "the verdict recommends a row only if it ends within this much of the best machine alone's test accuracy"
+    )
     optimizer: Literal["adadelta", "sgd", "adam"] = setting("adadelta", "adadelta (the PyTorch example's) | sgd | adam")
     lr: float = setting(1.0, "learning rate for that optimizer")
     dropout: float = setting(0.25, "both dropout layers (their masks keyed by seed, step and sample)")
@@ -496,6 +499,8 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"config key 'dropout' must be in [0, 1), got {run.dropout}")
     if run.lr <= 0 or not 0 < run.target_accuracy <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
+    if not 0 <= run.accuracy_tolerance < 1:
+        raise UserError(f"config key 'accuracy_tolerance' must be in [0, 1), got {run.accuracy_tolerance}")
     if not 0 <= run.fine_eval_within <= 1:
         raise UserError(f"config key 'fine_eval_within' must be in [0, 1], got {run.fine_eval_within}")
     if cfg.link.rate is not None and not RATE.match(cfg.link.rate):

@@ -7,7 +7,7 @@ from helpers import assert_one_line_error
 from hetbench.results.links import by_link, links_markdown, write_links
 
 
-def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="none"):
+def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="none", to_target=None, final=0.94):
     config = {
         "name": name or f"links-{rate}",
         "wire_dtype": wire,
@@ -31,6 +31,7 @@ def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="non
             "config": config,
             "final_accuracy": 0.95,
             "time_to_target_s": 40.0,
+            "target_accuracy": 0.9,
         },
         {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.4, "bytes": 4.8e6, "link": {"rate": rate}},
         {
@@ -45,15 +46,20 @@ def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="non
                 {**w, "wire_bytes_per_step": 9.6e6 if wire == "float32" else 4.8e6, "compute_s": 0.064} for w in workers
             ],
             "config": config,
-            "final_accuracy": 0.94,
-            "time_to_target_s": None,
+            "final_accuracy": final,
+            "target_accuracy": 0.9,
+            "time_to_target_s": to_target,
         },
     ]
 
 
 def test_runs_side_by_side_fastest_link_first_with_the_rows_that_pay_marked():
     runs = by_link(
-        [run("100mbit", 500.0, 0.45), run("100mbit", 800.0, 0.25, wire="bfloat16"), run("1gbit", 3500.0, 0.01)]
+        [
+            run("100mbit", 500.0, 0.45),
+            run("100mbit", 800.0, 0.25, wire="bfloat16"),
+            run("1gbit", 3500.0, 0.01, to_target=30.0, final=0.95),  # sooner, as accurate: the rule's "pays"
+        ]
     )
     text = links_markdown(runs)
     header = next(line for line in text.splitlines() if line.startswith("| samples/s (vs alone)"))
@@ -65,7 +71,7 @@ def test_runs_side_by_side_fastest_link_first_with_the_rows_that_pay_marked():
     # the wire table: 450 -> 250 ms of comm, 1.80x lower, half the bytes
     wire = next(line for line in text.splitlines() if line.startswith("| ray-train-gloo [auto] | 450 -> 250"))
     assert [c.strip() for c in wire.split("|")[3:5]] == ["1.80x", "9.6 -> 4.8"]
-    assert "not reached (94.0%)" in text and "40 s (95.0%)" in text
+    assert "not reached (94.0%)" in text and "40 s (95.0%)" in text and "30 s (95.0%)" in text
     assert text.startswith("Each column is one run of desk + mac, global batch 256, 3 repeats")
 
 
@@ -102,3 +108,15 @@ def test_a_powersgd_run_is_its_own_column_and_its_wire_is_compared_with_float32s
     assert [c.strip() for c in header.split("|")[2:4]] == ["100mbit", "100mbit, PowerSGD rank 4"]
     assert "The wire on the 100mbit link, float32 -> PowerSGD rank 4:" in text
     assert "| ray-train-gloo [auto] | 450 -> 50" in text
+
+
+def test_a_cell_shows_its_range_over_the_repeats_and_pays_only_by_the_verdicts_rule():
+    from hetbench.results.links import _cell
+
+    faster = run("wifi", 3500.0, 0.01, to_target=45.0, final=0.95)  # more samples/s, but later to the target
+    faster[2]["repeat_samples_per_s"] = [3300.0, 3500.0, 3600.0]
+    assert _cell(faster[2], faster) == "3,500 (1.17x, 1.10-1.20x)"
+    sooner = run("wifi", 3500.0, 0.01, to_target=30.0, final=0.94)  # sooner, but a point less accurate
+    assert "**pays**" not in _cell(sooner[2], sooner)
+    kept = run("wifi", 3500.0, 0.01, to_target=30.0, final=0.946)  # 0.4 points: within the tolerance
+    assert _cell(kept[2], kept) == "3,500 (1.17x) **pays**"

@@ -16,7 +16,7 @@ from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.plots import label, png
 from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner
 from hetbench.results.report import ordered
-from hetbench.results.verdict import measured, verdict
+from hetbench.results.verdict import judged, measured, ratio_range, verdict
 from hetbench.results.whatif import bits_per_s, floor_record
 from hetbench.strategies.registry import BASELINE
 
@@ -61,7 +61,10 @@ def by_link(runs: list[list[dict]]) -> list[list[dict]]:
     return sorted(runs, key=lambda run: (-bits_per_s(link_rate(run)), _wire(run) != "float32"))
 
 
-def _cell(record: dict | None, base: dict) -> str:
+def _cell(record: dict | None, run: list[dict]) -> str:
+    """samples/s, its ratio to the run's best machine alone and that ratio's range over the repeats;
+    **pays** where the verdict's rule (verdict.Comparison.pays) recommends it over that machine."""
+    base = _base(run)
     if record is None:
         return "-"
     if record["strategy"] == FLOOR:
@@ -73,8 +76,10 @@ def _cell(record: dict | None, base: dict) -> str:
     if record["strategy"] == BASELINE:
         return f"{record['samples_per_s']:,.0f}"
     ratio = record["samples_per_s"] / base["samples_per_s"]
-    pays = ratio > 1 + max(base.get("samples_per_s_cv") or 0, record.get("samples_per_s_cv") or 0)
-    return f"{record['samples_per_s']:,.0f} ({ratio:.2f}x)" + (" **pays**" if pays else "")
+    spread = ratio_range(record, base)
+    within = f", {spread[0]:.2f}-{spread[1]:.2f}x" if spread else ""
+    pays = judged(run).pays(record)
+    return f"{record['samples_per_s']:,.0f} ({ratio:.2f}x{within})" + (" **pays**" if pays else "")
 
 
 def _labels(runs: list[list[dict]]) -> list[str]:
@@ -85,7 +90,7 @@ def crossover(runs: list[list[dict]]) -> str:
     """samples/s of every row on every link, with its ratio to that run's best machine alone."""
     body = []
     for name in _labels(runs):
-        body.append([name, *[_cell(_row(run, name), _base(run)) for run in runs]])
+        body.append([name, *[_cell(_row(run, name), run) for run in runs]])
     return tabulate(body, headers=["samples/s (vs alone)", *map(column, runs)], tablefmt="github")
 
 

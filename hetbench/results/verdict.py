@@ -3,46 +3,132 @@ best, and why each other row loses; derived from a run's records, never written 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hetbench.clock import median, median_interval
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
 from hetbench.strategies.registry import BASELINE
 
-ACCURACY_KEPT = 0.005  # a row's final test accuracy this far under the baseline's still counts as the same
+ACCURACY_KEPT = 0.005  # run.accuracy_tolerance's default, for records from before the setting
 
 
-def verdict(records: list[dict]) -> list[str]:
-    """The verdict's lines: the answer, then one line per other row."""
+@dataclass(frozen=True)
+class Comparison:
+    """One row against the best machine alone, in the terms of the rule (`pays`)."""
+
+    record: dict
+    ratio: float  # its samples/s over the baseline's
+    faster: bool  # samples/s beyond the spread: every repeat's figure above every one of the baseline's
+    to_target: TargetTimes | None  # sooner, the same or later to the target; None: neither reached it
+    lost: float  # points of final test accuracy under the baseline's (0 where it ends as high or higher)
+    tolerance: float  # run.accuracy_tolerance: what it may lose and still count as the same model
+
+    @property
+    def keeps_accuracy(self) -> bool:
+        return self.lost <= self.tolerance + 1e-12
+
+    def pays(self, by_time: bool) -> bool:
+        """The rule: the row reaches the target sooner than the best machine alone, beyond the run's
+        resolution and spread, and ends within the accuracy tolerance of it. Where neither the
+        baseline nor any row reached the target (`by_time` False): samples/s beyond the repeats'
+        ranges, within the tolerance."""
+        if not self.keeps_accuracy:
+            return False
+        if by_time:
+            return self.to_target is not None and self.to_target.kind == "sooner"
+        return self.faster
+
+
+def compare(record: dict, base: dict, alone: str) -> Comparison:
+    """`record` against the baseline `base` (the best machine, `alone`), by the figures the rule reads."""
+    mine, theirs = record.get("final_accuracy"), base.get("final_accuracy")
+    tolerance = (base.get("config") or {}).get("accuracy_tolerance", ACCURACY_KEPT)
+    return Comparison(
+        record=record,
+        ratio=record["samples_per_s"] / base["samples_per_s"],
+        faster=_beyond_ranges(record, base),
+        to_target=_to_target(record, base, alone),
+        lost=max(theirs - mine, 0.0) if mine is not None and theirs is not None else 0.0,
+        tolerance=tolerance,
+    )
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A run's rows, each compared with the best machine alone: what the verdict and the link report
+    read, so that nothing calls a row paying by another test."""
+
+    base: dict
+    alone: str  # the baseline's machine, by its worker's name
+    compared: list[Comparison]
+    by_time: bool  # the rule compares times to target: the baseline or some row reached it
+
+    def of(self, record: dict) -> Comparison | None:
+        return next((c for c in self.compared if c.record is record), None)
+
+    def pays(self, record: dict) -> bool:
+        c = self.of(record)
+        return c is not None and c.pays(self.by_time)
+
+
+def judged(records: list[dict]) -> Judged | None:
+    """The run's rows against its baseline; None without a baseline or a distributed row."""
     base = measured(records, BASELINE)
     rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
     if not base or not rows:
-        return []
-    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
+        return None
     alone = (base.get("reference") or {}).get("worker") or base["workers"][0]["name"]
-    best = max(rows, key=lambda r: r["samples_per_s"])
-    noise = max(base.get("samples_per_s_cv") or 0.0, best.get("samples_per_s_cv") or 0.0)
-    if best["samples_per_s"] > base["samples_per_s"] * (1 + noise):
-        lines = [
-            f"Verdict: use {label(best)} on {_machines(best)}: {best['samples_per_s']:,.0f} samples/s, "
-            f"{best['samples_per_s'] / base['samples_per_s']:.2f}x {alone} alone ({base['samples_per_s']:,.0f})"
-            f"{_to_target(best, base, alone)}{_accuracy_lost(best, base, alone)}."
-        ]
+    compared = [compare(r, base, alone) for r in rows]
+    return Judged(base, alone, compared, any(c.to_target is not None for c in compared))
+
+
+def verdict(records: list[dict]) -> list[str]:
+    """The verdict's lines: the answer, then one line per other row (docs/design.md, "The verdict's rule")."""
+    run = judged(records)
+    if run is None:
+        return []
+    base, alone, compared, by_time = run.base, run.alone, run.compared, run.by_time
+    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
+    paying = [c for c in compared if c.pays(by_time)]
+    fastest = max(compared, key=lambda c: c.ratio)
+    base_figures = f"{base['samples_per_s']:,.0f} samples/s"
+    if paying:
+        chosen = max(paying, key=lambda c: (c.to_target.gain_s, c.ratio) if by_time else (c.ratio,))
+        r = chosen.record
+        figures = (
+            f"{r['samples_per_s']:,.0f} samples/s, {chosen.ratio:.2f}x {alone} alone ({base['samples_per_s']:,.0f})"
+        )
+        if by_time:
+            answer = f"{chosen.to_target.answer}; {figures}"
+        else:
+            answer = f"{figures}, beyond the repeats' ranges; no row reached {_target(r)} in this run"
+        lines = [f"Verdict: use {label(r)} on {_machines(r)}: {answer}."]
     else:
-        ratio = best["samples_per_s"] / base["samples_per_s"]
-        spread = f", within the runs' spread of {noise:.0%}" if ratio > 1 else ""
-        lines = [
-            f"Verdict: keep to {alone} alone ({base['samples_per_s']:,.0f} samples/s): no strategy beats it "
-            f"here (best: {label(best)}, {ratio:.2f}x{spread}){_accuracy_lost(best, base, alone)}."
-        ]
-        if change := what_would_change_it(best, base, floor):
+        same = [c for c in compared if c.to_target and c.to_target.kind == "same" and c.keeps_accuracy]
+        chosen = max(same, key=lambda c: c.ratio) if same else None  # a row that matches the time, named
+        if same:
+            answer = f"{label(chosen.record)} {chosen.to_target.answer}"
+        else:
+            beats = f"reaches {_target(fastest.record)} sooner" if by_time else "beats it beyond the repeats' ranges"
+            answer = f"no strategy {beats} here (best samples/s: {label(fastest.record)}, {fastest.ratio:.2f}x)"
+        lines = [f"Verdict: keep to {alone} alone ({base_figures}): {answer}."]
+        if change := what_would_change_it(fastest.record, base, floor):
             lines.append(f"  What would change it: {change}.")
-    lines += [
-        f"  {label(r)}: {r['samples_per_s'] / base['samples_per_s']:.2f}x, {why_it_loses(r, floor)}"
-        f"{_accuracy_lost(r, base, alone)}"
-        for r in rows
-        if r is not best
-    ]
+    lines += [f"  {label(c.record)}: {_why_not(c, floor, alone)}" for c in compared if c is not chosen]
     return lines
+
+
+def _why_not(c: Comparison, floor: dict | None, alone: str) -> str:
+    """Why a row is not the answer: where it wins samples/s, what that costs it; else what it loses to."""
+    accuracy = "" if c.keeps_accuracy else f"{c.lost * 100:.1f} points less accurate"
+    times = c.to_target.short if c.to_target and c.to_target.kind != "sooner" else ""
+    if c.ratio > 1 and (times or accuracy):
+        trade = f" ({_trade(c.record)})" if _trade(c.record) else ""
+        return f"{c.ratio:.2f}x the samples/s, but {' and '.join(filter(None, [times, accuracy]))}{trade}"
+    said = f"; {times}" if times else ""
+    lost = f"; it ends {accuracy} than {alone} alone" if accuracy else ""
+    return f"{c.ratio:.2f}x, {why_it_loses(c.record, floor)}{said}{lost}"
 
 
 def why_it_loses(record: dict, floor: dict | None) -> str:
@@ -100,12 +186,37 @@ def _machines(record: dict) -> str:
     return " + ".join(f"{w['name']} ({w.get('device', '?')}, batch {w.get('batch', '?')})" for w in record["workers"])
 
 
-def _to_target(record: dict, base: dict, alone: str) -> str:
+@dataclass(frozen=True)
+class TargetTimes:
+    """A row's time to the target accuracy against the baseline's."""
+
+    kind: str  # sooner | same | later, beyond (or within) the run's resolution and spread
+    gain_s: float  # the baseline's time less the row's (inf / -inf: only one of them reached it)
+    answer: str  # the clause that says it, after "Verdict: use ROW on ...: " or "keep to ...: ROW "
+    short: str  # the same in a few words, for a row's own line ("1.8 s later to 90%")
+
+
+def _to_target(record: dict, base: dict, alone: str) -> TargetTimes | None:
+    """Sooner, the same or later to the target than the baseline, by the seed-paired gain beyond
+    its margin where the repeats pair (paired_gain), else by the gap beyond both rows' resolution
+    and spread (uncertainty); None where neither reached the target or a record has no target."""
     mine, theirs = record.get("time_to_target_s"), base.get("time_to_target_s")
-    target = record.get("target_accuracy")
-    if mine is None or theirs is None or target is None:
-        return ""
-    mine_at, theirs_at = f"{mine:.0f} s{_steps(record)}", f"{theirs:.0f} s{_steps(base)}"
+    target = record.get("target_accuracy") or base.get("target_accuracy")
+    if target is None or (mine is None and theirs is None):
+        return None
+    at = f"{target:.0%}"
+    if theirs is None:
+        return TargetTimes(
+            "sooner",
+            float("inf"),
+            f"{at} test accuracy after {mine:.0f} s{_steps(record)} of training, "
+            f"where {alone} alone did not reach it in the run",
+            f"reaches {at}, where {alone} alone does not",
+        )
+    theirs_at = f"{theirs:.0f} s{_steps(base)}"
+    if mine is None:
+        return TargetTimes("later", -float("inf"), "", f"does not reach {at} ({alone} alone: {theirs_at})")
+    mine_at = f"{mine:.0f} s{_steps(record)}"
     if pairs := seeded_pairs(record, base):
         gain, margin = paired_gain(pairs)
         of = f"the median of {len(pairs)} repeats on the same seeds"
@@ -113,25 +224,58 @@ def _to_target(record: dict, base: dict, alone: str) -> str:
         beyond = f": {abs(gain):.1f} s {'sooner' if gain > 0 else 'later'}, {of}, beyond {margin:.1f} s"
     else:
         gain, margin = theirs - mine, max(uncertainty(record), uncertainty(base))
-        within, beyond = f"within {margin:.1f} s", ""
+        within, beyond = f"within {margin:.1f} s", f", beyond {margin:.1f} s" if margin else ""
     if abs(gain) <= margin:  # a gain this run cannot tell from its resolution and spread
-        return (
-            f"; {target:.0%} test accuracy in the same training time as {alone} alone, as far as this run "
-            f"can tell ({mine_at} and {theirs_at}: {within})"
+        return TargetTimes(
+            "same",
+            gain,
+            f"reaches {at} test accuracy in the same training time as {alone} alone, as far as this run "
+            f"can tell ({mine_at} and {theirs_at}: {within})",
+            f"reaches {at} in the same time, within {margin:.1f} s",
         )
-    return f"; {target:.0%} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone{beyond}"
-
-
-def _accuracy_lost(record: dict, base: dict, alone: str) -> str:
-    """ "; it ends 2.1 points under ...": where the row's final test accuracy falls short of the
-    baseline's by more than ACCURACY_KEPT (stale or compressed gradients can buy speed with it)."""
-    mine, theirs = record.get("final_accuracy"), base.get("final_accuracy")
-    if mine is None or theirs is None or theirs - mine <= ACCURACY_KEPT:
-        return ""
-    return (
-        f"; it ends {(theirs - mine) * 100:.1f} points under {alone} alone in test accuracy "
-        f"({mine:.1%} against {theirs:.1%})"
+    kind = "sooner" if gain > 0 else "later"
+    return TargetTimes(
+        kind,
+        gain,
+        f"{at} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone{beyond}",
+        f"{abs(gain):.1f} s {kind} to {at}",
     )
+
+
+def ratio_range(record: dict, base: dict) -> tuple[float, float] | None:
+    """The lowest and highest of the row's repeats' samples/s over the baseline's median (2+ repeats)."""
+    mine = record.get("repeat_samples_per_s") or []
+    if len(mine) < 2:
+        return None
+    return min(mine) / base["samples_per_s"], max(mine) / base["samples_per_s"]
+
+
+def _beyond_ranges(record: dict, base: dict) -> bool:
+    """samples/s beyond the spread: with two repeats or more on each side, every one of the row's
+    above every one of the baseline's (the repeats' ranges do not overlap)."""
+    mine, theirs = record.get("repeat_samples_per_s") or [], base.get("repeat_samples_per_s") or []
+    return len(mine) >= 2 and len(theirs) >= 2 and min(mine) > max(theirs)
+
+
+def _trade(record: dict) -> str:
+    """What the row trades arithmetic for speed with, where it does: what may cost it accuracy."""
+    config, name = record.get("config") or {}, record["strategy"]
+    own = config.get(name) or {}
+    trades = []
+    if own.get("compression") == "powersgd":
+        trades.append(f"PowerSGD rank {own.get('powersgd_rank')}")
+    if name == "ray-ps-async":
+        trades.append("stale gradients")
+    if name == "ray-localsgd":
+        trades.append(f"an exchange every {own.get('sync_every')} steps")
+    if config.get("wire_dtype", "float32") != "float32":
+        trades.append(f"{config['wire_dtype']} on the wire")
+    return ", ".join(trades)
+
+
+def _target(record: dict) -> str:
+    target = record.get("target_accuracy")
+    return f"{target:.0%}" if target is not None else "the target"
 
 
 def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
