@@ -300,6 +300,21 @@ RUN_KINDS = kinds(RunConfig)
 KINDS = {"": RUN_KINDS, "workers": kinds(WorkerConfig), **{name: kinds(s) for name, s in SECTIONS.items()}}
 
 
+# Strategies renamed, by their old names: a config or record may still use these
+RENAMED = {"ray-train-gloo": "ray-train"}  # its group is not always gloo's (cluster/collective.py)
+
+
+def renamed(raw: dict) -> dict:
+    """`raw` with old strategy names, in `strategies` and as sections, under today's."""
+    listed = raw.get("strategies")
+    if isinstance(listed, (list, tuple)):
+        raw["strategies"] = [RENAMED.get(name, name) if isinstance(name, str) else name for name in listed]
+    for old, new in RENAMED.items():
+        if old in raw and new not in raw:
+            raw[new] = raw.pop(old)
+    return raw
+
+
 def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping[str, Any] = EMPTY) -> Config:
     """Resolve a config: defaults, then the YAML file, then `key=value` overrides; validated.
 
@@ -318,6 +333,7 @@ def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping
             raise UserError(f"config {path} must be a mapping of keys to values")
     for item in overrides:
         apply_override(raw, item)
+    raw = renamed(raw)
     options = resolve_options(raw, strategies)
     merged = merge(DEFAULTS, raw, "", KINDS[""])
     if merged["name"] is None:
@@ -331,7 +347,7 @@ def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:
     since (every worker's batch set, the link profile beside its rate), so it is typed, not validated
     again (a split by proportional or auto would read as batches the user set); keys it lacks take
     today's defaults."""
-    raw = copy.deepcopy(saved)
+    raw = renamed(copy.deepcopy(saved))
     link = raw.pop("link", None) or {}
     options = resolve_options(raw, strategies)
     merged = merge(DEFAULTS, raw, "", KINDS[""])

@@ -1,5 +1,5 @@
 """The training loop every row runs, and its Schedule: which steps a repeat trains, and which of them
-are timed, evaluated, checkpointed and re-split. ray-train-gloo's ranks run their own loop, on the
+are timed, evaluated, checkpointed and re-split. ray-train's ranks run their own loop, on the
 same Schedule."""
 
 from __future__ import annotations

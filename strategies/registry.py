@@ -25,7 +25,7 @@ def register(name: str, target: str) -> None:
 register("single", "hetbench.strategies.single:Single")
 register("ray-ps", "hetbench.strategies.ray_ps:RayParameterServer")
 register("ray-ps-async", "hetbench.strategies.ray_ps_async:RayParameterServerAsync")
-register("ray-train-gloo", "hetbench.strategies.ray_train_gloo:RayTrainGloo")
+register("ray-train", "hetbench.strategies.ray_train:RayTrain")
 register("dask-sync", "hetbench.strategies.dask_sync:DaskSync")
 register("ray-localsgd", "hetbench.strategies.ray_localsgd:RayLocalSGD")
 register("torch-ddp", "hetbench.strategies.torch_ddp:TorchDDP")

@@ -176,3 +176,17 @@ def test_a_config_as_records_keep_it_loads_back_as_it_was(tmp_path):
         ],
     )
     assert config.from_dict(cfg.as_dict(), registry.declared()) == cfg
+
+
+def test_a_renamed_strategy_loads_under_its_old_name_in_configs_and_records(tmp_path):
+    import json
+
+    from hetbench.results.records import read_records
+
+    old = tmp_path / "old.yaml"
+    old.write_text("strategies: [single, ray-train-gloo]\nray-train-gloo: {max_failures: 3}\n")
+    cfg = load_config(str(old))
+    assert cfg.run.strategies == ("single", "ray-train") and cfg.options["ray-train"]["max_failures"] == 3
+    records = tmp_path / "old.json"
+    records.write_text(json.dumps([{"strategy": "ray-train-gloo", "status": "ok"}]))
+    assert [r["strategy"] for r in read_records([str(records)])] == ["ray-train"]

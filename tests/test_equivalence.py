@@ -39,7 +39,7 @@ def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, na
 GROUP_ROWS = {  # the rows that form a torch.distributed group, and their settings
     "torch-ddp": [],
     "torch-ddp-powersgd": ["torch-ddp.compression=powersgd", "torch-ddp.powersgd_start=6"],  # its hook, plain
-    "ray-train-gloo": [],
+    "ray-train": [],
 }
 
 

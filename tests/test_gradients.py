@@ -202,7 +202,7 @@ def _rank(rank: int, init: str, results) -> None:
     share = [0.625, 0.375][rank]  # batches 40 and 24 of 64
     flat = FlatModel(build_model(0.0, seed=0))
     flat.grads.fill_(float(rank + 1))  # rank 0's gradient is all 1s, rank 1's all 2s
-    # ray-train-gloo's form: a reused float32 staging buffer, the result copied into the views
+    # ray-train's form: a reused float32 staging buffer, the result copied into the views
     flat.grads.copy_(weighted_allreduce(flat.grads, share, "float32", torch.zeros_like(flat.grads)).wait())
     first = next(flat.model.parameters())
     views_intact = torch.equal(first.grad.reshape(-1), flat.grads[: first.numel()])

@@ -69,7 +69,7 @@ def test_the_strategies_own_figures_are_recorded(learned):
     assert sum(staleness["histogram"].values()) > STEPS and staleness["max"] <= 2
     dask = records["dask-sync"]["workers"]
     assert len({w["dask_worker"] for w in dask}) == 2  # one Dask worker each
-    assert sorted(w["rank"] for w in records["ray-train-gloo"]["workers"]) == [0, 1]
+    assert sorted(w["rank"] for w in records["ray-train"]["workers"]) == [0, 1]
     floor, ps_floor = records["gloo-floor"], records["ps-floor"]
     assert floor["status"] == "ok" and floor["allreduce_s"] > 0 and floor["bytes"] == 1_199_882 * 4
     assert ps_floor["status"] == "ok" and ps_floor["roundtrip_s"] > 0 and ps_floor["bytes"] == floor["bytes"]

@@ -35,7 +35,7 @@ def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="non
         },
         {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.4, "bytes": 4.8e6, "link": {"rate": rate}},
         {
-            "strategy": "ray-train-gloo",
+            "strategy": "ray-train",
             "status": "ok",
             "balance": "auto",
             "samples_per_s": gloo_sps,
@@ -64,12 +64,12 @@ def test_runs_side_by_side_fastest_link_first_with_the_rows_that_pay_marked():
     text = links_markdown(runs)
     header = next(line for line in text.splitlines() if line.startswith("| samples/s (vs alone)"))
     assert [c.strip() for c in header.split("|")[2:5]] == ["1gbit", "100mbit", "100mbit, bfloat16 wire"]
-    gloo = next(line for line in text.splitlines() if line.startswith("| ray-train-gloo [auto]"))
+    gloo = next(line for line in text.splitlines() if line.startswith("| ray-train [auto]"))
     assert [c.strip() for c in gloo.split("|")[2:5]] == ["3,500 (1.17x) **pays**", "500 (0.17x)", "800 (0.27x)"]
-    assert "**1gbit**: Verdict: use ray-train-gloo [auto]" in text
+    assert "**1gbit**: Verdict: use ray-train [auto]" in text
     assert "**100mbit**: Verdict: keep to desk alone" in text
     # the wire table: 450 -> 250 ms of comm, 1.80x lower, half the bytes
-    wire = next(line for line in text.splitlines() if line.startswith("| ray-train-gloo [auto] | 450 -> 250"))
+    wire = next(line for line in text.splitlines() if line.startswith("| ray-train [auto] | 450 -> 250"))
     assert [c.strip() for c in wire.split("|")[3:5]] == ["1.80x", "9.6 -> 4.8"]
     assert "not reached (94.0%)" in text and "40 s (95.0%)" in text and "30 s (95.0%)" in text
     assert text.startswith("Each column is one run of desk + mac, global batch 256, 3 repeats")
@@ -107,7 +107,7 @@ def test_a_powersgd_run_is_its_own_column_and_its_wire_is_compared_with_float32s
     header = next(line for line in text.splitlines() if line.startswith("| samples/s (vs alone)"))
     assert [c.strip() for c in header.split("|")[2:4]] == ["100mbit", "100mbit, PowerSGD rank 4"]
     assert "The wire on the 100mbit link, float32 -> PowerSGD rank 4:" in text
-    assert "| ray-train-gloo [auto] | 450 -> 50" in text
+    assert "| ray-train [auto] | 450 -> 50" in text
 
 
 def test_a_cell_shows_its_range_over_the_repeats_and_pays_only_by_the_verdicts_rule():

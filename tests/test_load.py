@@ -11,7 +11,7 @@ EIGHT = "workers=[" + ", ".join(["{}"] * 7 + ["{slowdown: 2.0}"]) + "]"
 WORKER_PEAK_MB = 2048  # a worker holds torch, the 1.2M-parameter model and the 5,000-image sample
 
 
-LOADED = ["ray-ps", "ray-ps-async", "dask-sync", "ray-train-gloo"]
+LOADED = ["ray-ps", "ray-ps-async", "dask-sync", "ray-train"]
 
 
 @pytest.fixture(scope="module")

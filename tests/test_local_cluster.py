@@ -416,7 +416,7 @@ def test_workers_on_pinned_nodes_train_on_their_nodes_cores(tmp_path):
 @pytest.mark.slow
 def test_a_stand_in_mac_forms_every_group_over_tcp_and_gloo_forced_is_refused_in_a_sentence(tmp_path):
     # the mac node's gloo fails as a real Mac's does against Linux (no tcp transport), and it says Darwin
-    groups = "strategies=[torch-ddp, ray-train-gloo]"
+    groups = "strategies=[torch-ddp, ray-train]"
     result = run_on_two_nodes(tmp_path / "auto", groups, "cluster.macos_nodes=[mac]", "standalone_steps=0")
     assert result.returncode == 0, result.stderr[-3000:]
     records = records_of(tmp_path / "auto")

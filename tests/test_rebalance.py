@@ -49,7 +49,7 @@ def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["dask-sync", "ray-ps", "ray-train-gloo"])
+@pytest.mark.parametrize("name", ["dask-sync", "ray-ps", "ray-train"])
 def test_samples_move_from_the_slowed_worker_as_it_trains(tmp_path, name, shared_cluster):
     cfg = small_config(
         tmp_path,
@@ -86,7 +86,7 @@ def test_auto_re_splits_once_at_the_end_of_warm_up_and_rebalance_every_as_asked(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["ray-ps", "ray-train-gloo"])
+@pytest.mark.parametrize("name", ["ray-ps", "ray-train"])
 def test_auto_corrects_a_split_from_speeds_alone_by_the_warm_up_steps(tmp_path, name, shared_cluster):
     cfg = small_config(
         tmp_path,

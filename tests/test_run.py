@@ -87,7 +87,7 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
     monkeypatch.setattr(runner, "run_strategy", counting_actors)
     cfg = small_config(
         tmp_path,
-        "strategies=[single, ray-ps, ray-train-gloo]",
+        "strategies=[single, ray-ps, ray-train]",
         "workers=[{name: a}, {name: b}]",
         "steps=2",
         "warmup_steps=1",
@@ -110,13 +110,13 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
 def test_speed_steps_time_the_repeats_after_the_evaluated_ones_and_checks_go_fine_near_the_target(
     tmp_path, shared_cluster
 ):
-    # ray-train-gloo's ranks run the Schedule themselves: they must check the same steps as the runner
+    # ray-train's ranks run the Schedule themselves: they must check the same steps as the runner
     # (the driver refuses a check without fresh weights), fine ones included
     cfg = small_config(
         tmp_path,
         *shared_cluster.overrides,
         "name=speed",
-        "strategies=[single, ray-train-gloo]",
+        "strategies=[single, ray-train]",
         "workers=[{name: a}, {name: b}]",
         "steps=4",
         "speed_steps=2",

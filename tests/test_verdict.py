@@ -37,7 +37,7 @@ SINGLE = {
 }
 # step times (s): 0.064 compute for 256 samples split 3:1; what is added differs per row
 ALLREDUCE = row(
-    "ray-train-gloo", 3500.0, {"total_s": 0.073, "sync_overhead_s": 0.009, "wait_s": 0.001}, time_to_target_s=35.0
+    "ray-train", 3500.0, {"total_s": 0.073, "sync_overhead_s": 0.009, "wait_s": 0.001}, time_to_target_s=35.0
 )
 WAITING = row("dask-sync", 2000.0, {"total_s": 0.128, "sync_overhead_s": 0.030, "wait_s": 0.060}, balance="equal")
 LINK = row("ray-ps", 2600.0, {"total_s": 0.098, "sync_overhead_s": 0.022, "wait_s": 0.002}, transfers=2.0)
@@ -47,7 +47,7 @@ OVERHEAD = row("ray-ps-async", 2200.0, {"total_s": 0.116, "sync_overhead_s": 0.0
 def test_a_strategy_that_beats_the_best_machine_alone_is_named_with_its_figures():
     lines = verdict([SINGLE, FLOOR, ALLREDUCE, WAITING, LINK, OVERHEAD])
     assert lines[0] == (
-        "Verdict: use ray-train-gloo [auto] on desk (cuda, batch 192) + mac (mps, batch 64): 97% test accuracy "
+        "Verdict: use ray-train [auto] on desk (cuda, batch 192) + mac (mps, batch 64): 97% test accuracy "
         "after 35 s of training against 40 s for desk alone; 3,500 samples/s, 1.17x desk alone (3,000)."
     )
     reasons = {line.split(":")[0].strip(): line for line in lines[1:]}
@@ -61,7 +61,7 @@ def test_a_row_that_ends_under_the_baselines_accuracy_says_by_how_much():
     stale = {**OVERHEAD, "final_accuracy": 0.916}
     kept = {**ALLREDUCE, "final_accuracy": 0.933}  # 0.4 points under: the same model, as far as we claim
     lines = verdict([base, FLOOR, kept, stale])
-    assert lines[0].startswith("Verdict: use ray-train-gloo [auto]")
+    assert lines[0].startswith("Verdict: use ray-train [auto]")
     assert lines[1].endswith("; it ends 2.1 points less accurate than desk alone")
 
 
@@ -75,10 +75,10 @@ def test_when_nothing_beats_one_machine_it_says_so_and_what_would_change_it():
 
 def test_a_gain_within_the_repeats_ranges_is_no_gain_where_nothing_reached_the_target():
     alone = {**SINGLE, "time_to_target_s": None, "repeat_samples_per_s": [2900.0, 3000.0, 3100.0]}
-    close = row("ray-train-gloo", 3050.0, ALLREDUCE["step"], repeat_samples_per_s=[3000.0, 3050.0, 3150.0])
+    close = row("ray-train", 3050.0, ALLREDUCE["step"], repeat_samples_per_s=[3000.0, 3050.0, 3150.0])
     assert verdict([alone, FLOOR, close])[0].startswith(
         "Verdict: keep to desk alone (3,000 samples/s): no strategy beats it beyond the repeats' ranges here "
-        "(best samples/s: ray-train-gloo [auto], 1.02x)."
+        "(best samples/s: ray-train [auto], 1.02x)."
     )
 
 
@@ -105,14 +105,14 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
     assert abs(floor_on(emulated, 10e9) - 0.01384) < 1e-9
     text = whatif([SINGLE, floor, ALLREDUCE])
     # 256 samples split by speed (4,000 samples/s together): 64 ms, plus one all-reduce a step
-    (row,) = [line for line in text.splitlines() if line.replace(" ", "").startswith("|ray-train-gloo[auto]|256|")]
+    (row,) = [line for line in text.splitlines() if line.replace(" ", "").startswith("|ray-train[auto]|256|")]
     assert [cell.strip() for cell in row.split("|")[3:7]] == [
         "3,289 (1.10x)",
         "2,278 (0.76x)",
         "962 (0.32x)",
         "559 (0.19x)",
     ]
-    assert "ray-train-gloo [auto] -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
+    assert "ray-train [auto] -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
     assert text.startswith("What if (predictions from this run's measurements, not measured)")
     assert whatif([SINGLE, ALLREDUCE]) == ""  # no floor: nothing to predict from
 
@@ -132,13 +132,13 @@ def test_what_if_is_checked_against_a_run_over_an_emulated_link():
 
     floor = {**FLOOR, "bytes": 4_800_000, "link": None}
     linked_floor = {**floor, "allreduce_s": 0.400, "link": {"rate": "100mbit"}}
-    linked = row("ray-train-gloo", 500.0, {"total_s": 0.5, "sync_overhead_s": 0.4, "wait_s": 0.0})
+    linked = row("ray-train", 500.0, {"total_s": 0.5, "sync_overhead_s": 0.4, "wait_s": 0.0})
     text = against([SINGLE, floor, ALLREDUCE], [linked_floor, linked])
     lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:6]] for line in text.splitlines()[4:]}
     # the floor: 10 ms fixed + 384 ms at 100 Mbit/s, against 400 measured
     assert lines["gloo-floor"] == ["-", "394 ms", "400 ms", "-2%"]
     # 256 / (0.064 + 0.394 + 0 own overhead) = 559 predicted, 500 measured
-    assert lines["ray-train-gloo"] == ["auto", "559", "500", "+12%"]
+    assert lines["ray-train"] == ["auto", "559", "500", "+12%"]
     assert against([SINGLE, floor, ALLREDUCE], [linked]) == ""  # the linked run names no rate
 
 
@@ -148,7 +148,7 @@ def test_times_to_target_within_the_runs_resolution_and_spread_are_said_to_match
     base = {**SINGLE, "config": config}
     close = {**ALLREDUCE, "config": config, "time_to_target_s": 38.5}
     assert verdict([base, FLOOR, close])[0] == (
-        "Verdict: keep to desk alone (3,000 samples/s): ray-train-gloo [auto] reaches 97% test accuracy in the "
+        "Verdict: keep to desk alone (3,000 samples/s): ray-train [auto] reaches 97% test accuracy in the "
         "same training time as desk alone, as far as this run can tell (38 s and 40 s: within 2.1 s)."
     )
     # 5 s apart is beyond 2.1 s, unless the repeats' own times spread wider
@@ -200,7 +200,7 @@ def test_repeats_on_the_same_seeds_are_compared_pair_by_pair():
     ) in verdict([base, FLOOR, row])[0]
     # later in each pair: said so, not hidden as a match, and not recommended for its samples/s
     slow = {**ALLREDUCE, **paired([39.0, 42.0, 45.0], [0.5, 0.5, 0.5], 42.0)}
-    assert verdict([base, FLOOR, slow])[2] == "  ray-train-gloo [auto]: 1.17x the samples/s, but 2.0 s later to 97%"
+    assert verdict([base, FLOOR, slow])[2] == "  ray-train [auto]: 1.17x the samples/s, but 2.0 s later to 97%"
 
 
 def test_a_paired_gain_within_the_checks_and_the_pairs_spread_makes_the_times_match():

@@ -27,7 +27,7 @@ def test_float32_travels_as_itself_and_narrower_wires_round_once():
         assert ((back - flat).abs() <= scale * 2.0**-bits).all()
 
 
-@pytest.mark.parametrize("name", [pytest.param("ray-train-gloo", marks=pytest.mark.slow), "ray-localsgd", "torch-ddp"])
+@pytest.mark.parametrize("name", [pytest.param("ray-train", marks=pytest.mark.slow), "ray-localsgd", "torch-ddp"])
 def test_a_bfloat16_wire_moves_the_first_step_by_its_rounding_only(tmp_path, name, shared_cluster):
     sgd = [
         "dropout=0",

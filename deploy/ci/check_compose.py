@@ -22,7 +22,7 @@ from pathlib import Path
 import docker
 
 SERVICES = ("ray-head", "dask-scheduler", "dask-worker", "runner")
-DISTRIBUTED = ("ray-ps", "dask-sync", "ray-train-gloo")
+DISTRIBUTED = ("ray-ps", "dask-sync", "ray-train")
 FLOORS = ("gloo-floor", "ps-floor")
 # what a service's command starts when it trains (or checks the device training needs)
 TRAINS = ("ray start", "distributed.cli.dask_worker", "hetbench devices")
@@ -55,7 +55,7 @@ def gpu_policy(args) -> None:
     print("check_compose: ok: every service may open 65,536 files")
 
 
-GROUPS = ("torch-ddp", "ray-train-gloo")  # the rows that form a torch.distributed group
+GROUPS = ("torch-ddp", "ray-train")  # the rows that form a torch.distributed group
 
 
 def check_collective(records: list[dict], expected: str) -> None:
@@ -113,7 +113,7 @@ def check_gloo_interfaces(head, records: list[dict], expected: dict[str, str]) -
         fail(f"the desk's host name resolves to {resolved!r} in ray-head, not 127.0.1.1: the check proves nothing")
     used = {}
     for r in records:
-        if r["strategy"] == "ray-train-gloo":
+        if r["strategy"] == "ray-train":
             used.update({(r["strategy"], w["node"]): w.get("gloo_interface") for w in r["workers"]})
         if r["strategy"] == "gloo-floor":
             used.update({(r["strategy"], n): i for n, i in zip(r["path"]["nodes"], r["path"]["interfaces"])})

@@ -195,13 +195,13 @@ while read -r _ _ _ local _ users; do
 done < "$WORK/mac-listening.txt"
 
 # 8b. the mac's ephemeral ports opened to the desktop (README: Ports: Ray Train's rank 0, which
-#     may be the mac's, holds the group's rendezvous there), ray-train-gloo and the floor across the
+#     may be the mac's, holds the group's rendezvous there), ray-train and the floor across the
 #     link, in a second run of the runner
 "${MAC_FW[@]}" -A INPUT -s "$HEAD_HOST" -p tcp --dport "$MAC_EPHEMERAL" -j ACCEPT
-sed -i "s/^HETBENCH_ARGS=.*/HETBENCH_ARGS=$SHORT --set strategies=[ray-train-gloo]/" "$WORK/ci.env"
-say "running the desktop-mac job: ray-train-gloo and the floor, the mac's ephemeral ports open"
+sed -i "s/^HETBENCH_ARGS=.*/HETBENCH_ARGS=$SHORT --set strategies=[ray-train]/" "$WORK/ci.env"
+say "running the desktop-mac job: ray-train and the floor, the mac's ephemeral ports open"
 "${COMPOSE[@]}" up -d --no-build --no-deps --force-recreate runner
-"${CHECK_RUN[@]}" --strategies ray-train-gloo --floor --collective tcp \
+"${CHECK_RUN[@]}" --strategies ray-train --floor --collective tcp \
   --gloo-interfaces "desktop=$HOST_END,mac=$MAC_END"
 
 # 9. the Mac sleeps (every process of its worker stopped) long past the head's health checks, then

@@ -54,7 +54,7 @@ def direct_port(joined: bool) -> int:
     return DIRECT_PORT if joined else 0
 
 
-# gloo (ray-train-gloo, the gloo-floor row) cannot be given ports (pytorch/gloo#54): its rendezvous
+# gloo (ray-train, the gloo-floor row) cannot be given ports (pytorch/gloo#54): its rendezvous
 # and its pairs listen on any ephemeral port, which the other machine must reach. macOS's range:
 MAC_EPHEMERAL_PORTS = (49152, 65535)
 LINUX_EPHEMERAL_PORTS = (32768, 60999)  # the desktop's (net.ipv4.ip_local_port_range)

@@ -21,7 +21,7 @@ from hetbench.errors import UserError
 RAY_ENV = {
     "RAY_USAGE_STATS_ENABLED": "0",  # no usage-stats prompt or network call
     "RAY_DEDUP_LOGS": "0",  # worker output is off the terminal anyway (log_to_driver=False)
-    "RAY_TRAIN_V2_ENABLED": "1",  # 2.60's default, pinned: ray-train-gloo is written for V2
+    "RAY_TRAIN_V2_ENABLED": "1",  # 2.60's default, pinned: ray-train is written for V2
 }
 
 # Ray reads these once, when a process first starts or joins a cluster, so every way in sets them

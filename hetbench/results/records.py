@@ -13,6 +13,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from hetbench.config import RENAMED
 from hetbench.cores import usable_cores
 from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
@@ -145,6 +146,8 @@ def read_records(paths: list[str]) -> list[dict]:
         items = data if isinstance(data, list) else [data]
         if not all(isinstance(r, dict) and "strategy" in r for r in items):
             raise UserError(f"record file {p} does not hold hetbench records")
+        for record in items:  # an old name reads as today's, so runs before and after a rename line up
+            record["strategy"] = RENAMED.get(record["strategy"], record["strategy"])
         records.extend(items)
     return records
 

@@ -1,10 +1,10 @@
-"""ray-train-gloo on real Ray Train and real gloo: which rank plays which configured worker, and where."""
+"""ray-train on real Ray Train and real gloo: which rank plays which configured worker, and where."""
 
 import pytest
 
 from helpers import made, small_config
 from hetbench.config import WorkerConfig
-from hetbench.strategies.ray_train_gloo import RayTrainGloo, assign_ranks
+from hetbench.strategies.ray_train import RayTrain, assign_ranks
 
 
 @pytest.mark.slow
@@ -17,7 +17,7 @@ def test_ranks_play_the_worker_labelled_for_their_node(tmp_path, shared_cluster)
         "repeats=1",
         "workers=[{name: m, node: mac, batch: 8}, {name: d, node: desktop, batch: 16}]",
     )
-    strategy = made(RayTrainGloo, cfg)
+    strategy = made(RayTrain, cfg)
     try:
         strategy.start()
         placed = {w["name"]: (w["node_id"], w["batch"]) for w in strategy.worker_info()}

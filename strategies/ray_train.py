@@ -1,7 +1,9 @@
-"""Ray Train with gloo: torch-ddp's ranks (DDPRank: DDP with our weighted comm hook), started,
-watched and restarted by a TorchTrainer, one rank per configured worker.
+"""Ray Train: torch-ddp's ranks (DDPRank: DDP with our weighted comm hook), started, watched and
+restarted by a TorchTrainer, one rank per configured worker. (It was `ray-train-gloo` until its
+group could be hetbench's TCP one, between Linux and macOS: configs may still say that.)
 
-What a Ray Train user writes: the trainer forms the gloo group and runs the loop in each rank; the
+What a Ray Train user writes: the trainer forms the process group (gloo, or hetbench's TCP group
+across operating systems: cluster/collective.py) and runs the loop in each rank; the
 model goes into DistributedDataParallel (as `ray.train.torch.prepare_model` does). (1)-(3) are
 torch-ddp's, in DDPRank.train_step: each rank computes on its own slice, DDP all-reduces each
 gradient bucket pre-scaled by the rank's batch share b_i/B, every rank takes the same optimizer
@@ -137,10 +139,10 @@ class TrainOptions:
     max_failures: int = setting(1, "Ray Train restarts its group after a lost rank this often")
 
 
-class RayTrainGloo(Strategy):
-    name = "ray-train-gloo"
+class RayTrain(Strategy):
+    name = "ray-train"
     options = TrainOptions
-    table_note = "ray-train-gloo: one all-reduce per step, so its link prediction counts one floor transfer."
+    table_note = "ray-train: one all-reduce per step, so its link prediction counts one floor transfer."
     floor_transfers = 1.0
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
@@ -217,7 +219,9 @@ class RayTrainGloo(Strategy):
                 reason = str(self.failure).strip().splitlines()[-1] if self.failure else "training ended early"
                 raise RunFailed(f"{self.name}: the training group stopped at {key}: {reason}")
             waited += 2.0
-        hint = "; the gloo group never formed: can each node reach the other's ephemeral ports? (README: Ports)"
+        hint = (
+            "; the group never formed: can each node reach the other's 6390-6399 and ephemeral ports? (README: Ports)"
+        )
         why = hint if key == ("ready",) else ""
         raise RunFailed(f"{self.name}: no step finished within {self.timeout_s:g} s at {key}{why}")
 
