@@ -167,7 +167,9 @@ def test_the_floors_cross_the_emulated_link_between_the_worker_nodes_and_it_is_r
         "nodes": ["desktop", "mac"],
         "ips": [link.host_ip, link.ns_ip],
         "interfaces": [link.host_dev, link.ns_dev],  # the link's ends, as the nodes' starter chose
+        "systems": ["Linux", "Linux"],  # both ends' operating systems: the group formed on gloo
     }
+    assert figures["collective"] == "gloo"
     assert link.name not in namespaces()
 
 
