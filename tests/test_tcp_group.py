@@ -147,6 +147,13 @@ def test_ranks_that_issue_different_collectives_fail_in_one_sentence_and_stay_fa
         shut(pgs)
 
 
+def test_a_collective_issued_after_shutdown_fails_at_once():
+    pgs = groups(2)
+    shut(pgs)
+    with pytest.raises(Exception, match="the group was shut down"):
+        pgs[0].allreduce([torch.ones(3)], reduce_opts(dist.ReduceOp.SUM)).wait()
+
+
 def test_a_rank_that_never_comes_ends_the_forming_within_its_bound():
     store = dist.HashStore()
     started = time.monotonic()

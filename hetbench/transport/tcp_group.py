@@ -121,6 +121,7 @@ class TcpProcessGroup(dist.ProcessGroup):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sequence = 0  # collectives queued so far: each message names its own, so a mismatch is caught
         self.broken: BaseException | None = None
+        self.closed = False  # shut down: collectives issued from now on fail at once
         self.queue: queue.Queue = queue.Queue()
         # a rank sends to several peers at once while it receives (one thread each way per peer)
         self.senders = ThreadPoolExecutor(max_workers=max(1, size - 1), thread_name_prefix="tcp-group-send")
@@ -178,6 +179,7 @@ class TcpProcessGroup(dist.ProcessGroup):
         """Close every connection and the group's threads; a queued collective fails (GroupBroken)."""
         if self.broken is None:
             self.broken = GroupBroken(f"{NAME}: the group was shut down")
+        self.closed = True
         self.queue.put(None)
         for sock in self.peers.values():
             try:
@@ -204,6 +206,9 @@ class TcpProcessGroup(dist.ProcessGroup):
         staged = [t if self.wire_takes(t) else _to_host(t) for t in tensors]
         back = [(t, s) for t, s in zip(tensors, staged) if s is not t and id(t) in written_ids]
         future = torch.futures.Future()
+        if self.closed:  # the runner has stopped: nothing would ever complete it
+            future.set_exception(self.broken)
+            return Work(future)
         self.sequence += 1
         self.queue.put((self.sequence, work, staged, back, future, result))
         return Work(future)
