@@ -191,8 +191,8 @@ def test_a_stranger_s_connection_is_dropped_and_the_group_still_forms():
     store, size = dist.HashStore(), 2
 
     def stranger():  # dials rank 0 as soon as it publishes where it listens, without the secret
-        store.wait([f"{tcp_group.MAGIC_KEYS[1]}0"])
-        host, port = store.get(f"{tcp_group.MAGIC_KEYS[1]}0").decode().rsplit(":", 1)
+        store.wait([f"{tcp_group.STORE_KEYS[1]}0"])
+        host, port = store.get(f"{tcp_group.STORE_KEYS[1]}0").decode().rsplit(":", 1)
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(tcp_group.HELLO.pack(b"\0" * 16, 1))
             time.sleep(0.5)

@@ -44,7 +44,7 @@ NAME = "hetbench-tcp"
 HEADER = struct.Struct("!qq")  # the collective's sequence number, the payload's bytes
 HELLO = struct.Struct("!16sq")  # the group's secret, the dialling rank
 COMPLETERS = 4  # threads that complete the futures: how deep callbacks may wait on later collectives
-MAGIC_KEYS = ("tcp-group/secret", "tcp-group/address/")
+STORE_KEYS = ("tcp-group/secret", "tcp-group/address/")  # in the rendezvous store: rank 0's secret, each host:port
 
 REDUCTIONS: dict = {
     dist.ReduceOp.SUM: torch.Tensor.add_,
@@ -66,7 +66,7 @@ def form(
     accepts every higher one, each proving the group's secret (rank 0's, through the store)."""
     listener = _listen(host, ports)
     deadline = time.monotonic() + connect_timeout_s
-    secret_key, address_key = MAGIC_KEYS
+    secret_key, address_key = STORE_KEYS
     try:
         if rank == 0:
             store.set(secret_key, secrets.token_bytes(16))
