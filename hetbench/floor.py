@@ -6,9 +6,10 @@ or hetbench's TCP group between operating systems; the record says which). `ps-f
 sent up a direct TCP channel and echoed back down, a parameter server's limit (the gradient up, the
 weights down), over the path ray-ps's workers take.
 
-Two processes, placed like workers (cluster/placed.py): one on the reference worker's node (where
-the driver and a parameter server run), one on the first worker on another node (a desk and a Mac:
-across their link; in local-multinode across the emulated one; on one box, two processes there).
+Two processes, placed like workers (cluster/placed.py): one on the reference worker's node, one on
+the first worker on another node (a desk and a Mac: across their link; in local-multinode across the
+emulated one; on one box, two processes there). The one on the driver's machine, where a parameter
+server runs, listens for both floors.
 The same number of floats as the CNN; each strategy's sync overhead is judged against its own
 pattern's floor, measured in the same run. The records say which path that was.
 """
@@ -181,11 +182,22 @@ def measure_floor(
 
 def measure_allreduces(ends, cluster: ClusterConfig, floor: FloorConfig, numel: int) -> list[dict]:
     """The gloo-floor: both ends in one group of the backend the all-reduce rows use between them,
-    each timing every all-reduce."""
-    master = ends.info[0]["node_ip"]
-    (port,) = ends.results([ends.call(0, "rendezvous", master, floor.timeout_s)], "opening the rendezvous")
+    each timing every all-reduce; in end order. Group rank 0, which holds the rendezvous on a port
+    the kernel picks, is the end on the driver's machine (the desktop, as torch-ddp's rank 0 is):
+    the other machine may be the reference (fastest alone), and a Mac opens only the fixed ports
+    to the desktop (README: Ports), so a rendezvous there could not be reached."""
+    order = [first := _driver_end(ends), 1 - first]  # group rank -> end
+    master = ends.info[first]["node_ip"]
+    (port,) = ends.results([ends.call(first, "rendezvous", master, floor.timeout_s)], "opening the rendezvous")
     args = (master, port, numel, floor.iterations, floor.timeout_s, cluster)
-    return ends.results([ends.call(r, "allreduce_times", r, *args) for r in range(2)], "measuring the all-reduce")
+    handles = [ends.call(end, "allreduce_times", rank, *args) for rank, end in enumerate(order)]
+    by_rank = ends.results(handles, "measuring the all-reduce")
+    return [by_rank[order.index(end)] for end in (0, 1)]
+
+
+def _driver_end(ends) -> int:
+    """The end on the driver's machine, where a joined cluster opens its listening ports; else end 0."""
+    return next((end for end in (0, 1) if ends.on_driver_host(end)), 0)
 
 
 def measure_roundtrips(ends, floor: FloorConfig, joined: bool, numel: int) -> list[float]:
@@ -193,7 +205,7 @@ def measure_roundtrips(ends, floor: FloorConfig, joined: bool, numel: int) -> li
     runs there; a joined cluster opens 6386 there only) and echoes; the other times round trips.
     Where neither end is on the driver's node, end 0 listens. `joined`: a Ray cluster someone started."""
     iterations, timeout_s = floor.iterations, floor.timeout_s
-    server = next((rank for rank in (0, 1) if ends.on_driver_host(rank)), 0)
+    server = _driver_end(ends)
     host = ends.info[server]["node_ip"]
     listening = ends.call(server, "listen", host, direct_port(joined), timeout_s)
     ((address, secret),) = ends.results([listening], "listening for the ps-floor")

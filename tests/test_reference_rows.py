@@ -64,3 +64,40 @@ def test_a_worker_has_its_hosts_cores_split_among_the_training_processes_there(t
 
     assert per_host(joined=False) == [3, 3]  # one box for all
     assert per_host(joined=True) == [2, 1]  # per labelled node
+
+
+def test_the_floors_listen_on_the_drivers_machine_when_the_reference_is_the_other():
+    """The Mac may be the reference (fastest alone) and so end 0; it opens only its fixed ports to
+    the desktop, so the all-reduce's rendezvous (a port the kernel picks) must be the desktop's."""
+    from unittest.mock import create_autospec
+
+    from hetbench.cluster.placed import Placed
+    from hetbench.config import ClusterConfig, FloorConfig
+    from hetbench.floor import measure_allreduces, measure_roundtrips
+
+    ends = create_autospec(Placed, instance=True)
+    ends.info = [{"node_ip": "192.168.1.20"}, {"node_ip": "192.168.1.10"}]  # the mac, the desk
+    ends.on_driver_host.side_effect = lambda end: end == 1
+    ends.call.side_effect = lambda end, method, *args: (end, method, args)
+
+    def results(handles, doing):
+        if doing == "opening the rendezvous":
+            return [29500]
+        if doing == "listening for the ps-floor":
+            return [(("192.168.1.10", 6386), b"secret")]
+        if doing == "measuring the ps-floor":
+            return [None, [0.01]]
+        return [{"end": end, "rank": args[0]} for end, _, args in handles]  # each end's figures
+
+    ends.results.side_effect = results
+    floor = FloorConfig()
+    measured = measure_allreduces(ends, ClusterConfig(), floor, numel=10)
+    calls = [c.args for c in ends.call.call_args_list]
+    assert calls[0] == (1, "rendezvous", "192.168.1.10", floor.timeout_s)  # held on the desk
+    joins = {c[0]: c[2:] for c in calls[1:]}
+    assert joins[1][:2] == (0, "192.168.1.10") and joins[0][:2] == (1, "192.168.1.10")  # the desk is rank 0
+    assert measured == [{"end": 0, "rank": 1}, {"end": 1, "rank": 0}]  # back in end order
+
+    ends.call.reset_mock()
+    measure_roundtrips(ends, floor, joined=True, numel=10)
+    assert ends.call.call_args_list[0].args[:3] == (1, "listen", "192.168.1.10")
