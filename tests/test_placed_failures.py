@@ -113,3 +113,31 @@ def test_the_processes_of_a_row_that_finished_serve_the_next(tmp_path, monkeypat
     assert placed.results(["handle"], "stepping") == [1, 2]
     placed.close()
     assert pool.kept == ["host 0", "host 1"] and pool.killed == []
+
+
+def test_a_ray_batch_that_fails_names_each_calls_reason(tmp_path, monkeypatch):
+    """Two ranks of a group that never forms: the one that broke it (it cannot reach the rendezvous)
+    is not the first to fail, so the sentence names both reasons, the first raised first."""
+    import ray
+
+    from hetbench.cluster import ray_placed
+
+    failures = {
+        "rank0": ray.exceptions.RayTaskError("f", "", RuntimeError("the group did not form within 120 s")),
+        "rank1": ray.exceptions.RayTaskError("f", "", RuntimeError("The client socket has timed out\ndetail")),
+    }
+
+    def get(handles, timeout=None):
+        for handle in handles if isinstance(handles, list) else [handles]:
+            raise failures[handle]
+
+    monkeypatch.setattr(ray_placed.ray, "get", get)
+    monkeypatch.setattr(ray_placed.ray, "wait", lambda handles, num_returns, timeout: (handles, []))
+    cfg = small_config(tmp_path, UNEQUAL)
+    placed = ray_placed.RayPlaced(cfg.cluster, cfg.workers, "gloo-floor")
+    with pytest.raises(RunFailed) as failure:
+        placed.results(["rank0", "rank1"], "measuring the all-reduce")
+    assert str(failure.value) == (
+        "gloo-floor failed while measuring the all-reduce: the group did not form within 120 s; "
+        "The client socket has timed out"
+    )

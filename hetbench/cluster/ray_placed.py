@@ -15,6 +15,7 @@ def _node(_actor) -> dict:
     return {"node_id": ray.get_runtime_context().get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
 
+CAUSES_WAIT_S = 10.0  # how long the other calls of a failed batch may take to say their own reasons
 DRIVER_NODE = "the driver's node"  # where a coordinator's host runs, as the pool files it
 
 
@@ -69,7 +70,7 @@ class RayPlaced(Placed):
         except ray.exceptions.RayTaskError as e:
             if isinstance(e.cause, UserError):
                 raise UserError(str(e.cause)) from None
-            raise RunFailed(f"{self.owner} failed while {doing}: {str(e.cause).splitlines()[0]}") from None
+            raise RunFailed(f"{self.owner} failed while {doing}: {'; '.join(self._causes(handles, e))}") from None
         except ray.exceptions.RayActorError:
             if self.on_death:
                 self.on_death()
@@ -82,6 +83,25 @@ class RayPlaced(Placed):
             raise RunFailed(
                 f"{self.owner}: no answer from the workers within {self.timeout_s:g} s while {doing}"
             ) from None
+
+    def _causes(self, handles: list, first: ray.exceptions.RayTaskError) -> list[str]:
+        """Each failed call's reason, the first raised first: where ranks fail together (a group
+        that never forms) the one that broke it is often not the first to say so. The others are
+        given CAUSES_WAIT_S to settle."""
+        causes = [str(first.cause).splitlines()[0]]
+        if len(handles) < 2:
+            return causes
+        ready, _ = ray.wait(handles, num_returns=len(handles), timeout=CAUSES_WAIT_S)
+        for handle in ready:
+            try:
+                ray.get(handle, timeout=0)
+            except ray.exceptions.RayTaskError as e:
+                cause = str(e.cause).splitlines()[0]
+                if cause not in causes:
+                    causes.append(cause)
+            except Exception:  # lost or still running: the first reason stands
+                pass
+        return causes
 
     def succeeded(self, handle) -> bool:
         try:
