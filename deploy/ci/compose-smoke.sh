@@ -42,6 +42,8 @@ cleanup() {
     [ $rc -ne 0 ] && tail -n 20 "$WORK/worker.log" >&2
   fi
   ip netns del "$MAC_NS" 2>/dev/null  # the veth pair goes with it
+  # the "Mac"'s `ray start` shares this host's /tmp: a later ray.init() here would join its head
+  grep -qx "$HEAD_HOST:6379" /tmp/ray/ray_current_cluster 2>/dev/null && rm -f /tmp/ray/ray_current_cluster
   if [ -n "$DOCKERD_PID" ]; then
     docker image rm -f hetbench:ci hetbench-base:ci >/dev/null 2>&1
     kill -TERM "$DOCKERD_PID" 2>/dev/null; timeout 30 tail --pid="$DOCKERD_PID" -f /dev/null; kill -KILL "$DOCKERD_PID" 2>/dev/null
