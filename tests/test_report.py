@@ -152,3 +152,22 @@ def test_a_worker_that_finished_no_batch_in_most_steps_is_judged_by_those_it_did
     assert desk["compute_s"] == 0.2 and desk["compute_samples_per_s"] == 192 / 0.2
     assert mac["compute_s"] == 0.6 and mac["compute_samples_per_s"] == 64 / 0.6
     assert "compute_s" not in lost and lost["wire_bytes_per_step"] > 0
+
+
+def test_a_table_names_the_commit_and_command_that_measured_it(tmp_path):
+    env = {
+        "git_commit": "0123456789abcdef",
+        "git_dirty": True,
+        "argv": ["/x/.venv/bin/hetbench", "run", "-c", "benchmarks/configs/local.yaml"],
+        "host": "box",
+        "time": "2026-12-02T01:00:00+0000",
+        "usable_cores": 2,
+        "versions": {"torch": "2.13.0", "ray": "2.60.0"},
+    }
+    md, _ = write_tables([{**r, "env": env} for r in KNOWN], str(tmp_path), "t")
+    assert md.read_text().splitlines()[2] == (
+        "Measured at commit 0123456 with uncommitted changes with `hetbench run -c benchmarks/configs/local.yaml` "
+        "on box, 2026-12-02 (2 usable cores; torch 2.13.0, ray 2.60.0)."
+    )
+    md, _ = write_tables(KNOWN, str(tmp_path), "bare")  # records without an environment: no such line
+    assert md.read_text().splitlines()[2].startswith("Verdict")

@@ -14,7 +14,7 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.plots import label, png
-from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner
+from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner, provenance
 from hetbench.results.report import ordered
 from hetbench.results.verdict import judged, measured, ratio_range, verdict
 from hetbench.results.whatif import bits_per_s, floor_record
@@ -207,6 +207,7 @@ def what_ran(runs: list[list[dict]]) -> str:
 
 def links_markdown(runs: list[list[dict]]) -> str:
     verdicts = "\n".join(f"- **{column(run)}**: {verdict(run)[0]}" for run in runs if verdict(run))
+    sources = "\n".join(f"- **{column(run)}**: {line}" for run in runs if (line := provenance(run)))
     wires = wire(runs)
     return "\n\n".join(
         part
@@ -216,6 +217,7 @@ def links_markdown(runs: list[list[dict]]) -> str:
             crossover(runs),
             to_target(runs),
             wires,
+            f"Where each run comes from:\n\n{sources}" if sources else "",
         )
         if part
     )

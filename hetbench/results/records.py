@@ -40,6 +40,41 @@ def git_commit() -> str | None:
         return None
 
 
+def git_dirty() -> bool | None:
+    """Whether the checkout had uncommitted changes to tracked files (None: not a git checkout)."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        )
+        return bool(out.stdout.strip()) if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def provenance(records: list[dict]) -> str:
+    """One sentence: the commit and command that measured these records, when and on what; '' for
+    records that carry no environment."""
+    env = next((r["env"] for r in records if r.get("env")), None)
+    if not env:
+        return ""
+    commit = env.get("git_commit")
+    code = f"commit {commit[:7]}" if commit else f"code {str(env.get('code_hash'))[:8]}"
+    if env.get("git_dirty"):
+        code += " with uncommitted changes"
+    argv = env.get("argv") or []
+    command = f" with `hetbench {' '.join(argv[1:])}`" if argv else ""
+    versions = env.get("versions") or {}
+    when = str(env.get("time", ""))[:10]
+    return (
+        f"Measured at {code}{command} on {env.get('host')}, {when} ({env.get('usable_cores')} usable cores; "
+        f"torch {versions.get('torch')}, ray {versions.get('ray')})."
+    )
+
+
 def environment() -> dict:
     """What the figures were measured on (the driver's view; workers report their own devices)."""
     return {
@@ -51,6 +86,7 @@ def environment() -> dict:
         "usable_cores": usable_cores(),  # of them, those this process may run on (affinity, cpuset)
         "devices": [describe(resolve_device(d)) for d in available_devices()],
         "git_commit": git_commit(),
+        "git_dirty": git_dirty(),  # the commit alone does not name the code that ran
         "code_hash": code_hash(),  # the same on every machine running this code, .git or not
         "argv": sys.argv,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

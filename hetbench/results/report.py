@@ -13,7 +13,7 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.plots import scaling_figure, write_plots
-from hetbench.results.records import atomic_write, hand_to_owner
+from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
 from hetbench.strategies.registry import BASELINE
@@ -215,13 +215,18 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
         predictions = f"{text}\n\n" if (text := whatif(records)) else ""
         atomic_write(
             md_path,
-            f"# hetbench: {name}\n\n{markdown(records)}\n\n{predictions}{alone(records)}{legend(records)}\n{pictures}",
+            f"# hetbench: {name}\n\n{_sourced(records)}{markdown(records)}\n\n{predictions}{alone(records)}"
+            f"{legend(records)}\n{pictures}",
         )
         atomic_write(csv_path, to_csv(records))
         hand_to_owner(results_dir)  # the run's records, tables and plots: the last files a run writes
     except OSError as e:
         raise UserError(f"results directory {results_dir} is not writable: {e.strerror or e}") from None
     return md_path, csv_path
+
+
+def _sourced(records: list[dict]) -> str:
+    return f"{line}\n\n" if (line := provenance(records)) else ""
 
 
 def alone(records: list[dict]) -> str:
