@@ -114,7 +114,7 @@ class FloorEnd:
 
         channel = Channel.connect(tuple(address), hello(secret, PS_FLOOR_NAME), timeout_s)
         if channel is None:
-            raise ConnectionError(f"cannot reach {address[0]}:{address[1]} (README: Ports)")
+            raise ConnectionError(f"cannot reach {address[0]}:{address[1]} (docs/deployment.md: Ports)")
         try:
             buffer = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
             times = []
@@ -142,7 +142,7 @@ def measure_floor(
     """The gloo-floor's and the ps-floor's figures (median and CV of one all-reduce, of one round
     trip, of `numel` float32s) between the two workers' nodes, from the same two processes. Either
     may fail alone (a group that cannot form; a ps-floor that cannot connect: the driver's machine
-    must let the other in on 6386 in a joined cluster, README: Ports): that one is a failed record,
+    must let the other in on 6386 in a joined cluster, docs/deployment.md: Ports): that one is a failed record,
     the other's figures stand."""
     ends = place(cluster, workers, FloorEnd, FLOOR_NAME, workers, ranks=floor_ranks(workers))
     try:
@@ -185,7 +185,7 @@ def measure_allreduces(ends, cluster: ClusterConfig, floor: FloorConfig, numel: 
     each timing every all-reduce; in end order. Group rank 0, which holds the rendezvous on a port
     the kernel picks, is the end on the driver's machine (the desktop, as torch-ddp's rank 0 is):
     the other machine may be the reference (fastest alone), and a Mac opens only the fixed ports
-    to the desktop (README: Ports), so a rendezvous there could not be reached."""
+    to the desktop (docs/deployment.md: Ports), so a rendezvous there could not be reached."""
     order = [first := _driver_end(ends), 1 - first]  # group rank -> end
     master = ends.info[first]["node_ip"]
     (port,) = ends.results([ends.call(first, "rendezvous", master, floor.timeout_s)], "opening the rendezvous")

@@ -220,7 +220,8 @@ class RayTrain(Strategy):
                 raise RunFailed(f"{self.name}: the training group stopped at {key}: {reason}")
             waited += 2.0
         hint = (
-            "; the group never formed: can each node reach the other's 6390-6399 and ephemeral ports? (README: Ports)"
+            "; the group never formed: can each node reach the other's 6390-6399 and ephemeral ports? "
+            "(docs/deployment.md: Ports)"
         )
         why = hint if key == ("ready",) else ""
         raise RunFailed(f"{self.name}: no step finished within {self.timeout_s:g} s at {key}{why}")

@@ -191,7 +191,7 @@ class TorchDDP(Strategy):
         master = self.info[0]["node_ip"]
         world = len(self.info)
         (port,) = self.placed.results([self.placed.call(0, "listen", master, world)], "opening the rendezvous")
-        joined = self._each("join", master, port, world, doing="forming the group (README: Ports)")
+        joined = self._each("join", master, port, world, doing="forming the group (docs/deployment.md: Ports)")
         self._each("compress", self.powersgd_rank, self.settings.powersgd_start)
         for info, joined_as in zip(self.info, joined):
             info["gloo_interface"], info["collective"] = joined_as.interface, joined_as.collective

@@ -17,15 +17,15 @@ from hetbench.errors import UserError
 COMPOSE = yaml.safe_load((REPO / "compose.yaml").read_text())
 
 
-def test_compose_the_readme_and_the_smokes_firewall_name_the_fixed_ports_of_nodes_py():
+def test_compose_the_docs_and_the_smokes_firewall_name_the_fixed_ports_of_nodes_py():
     head = COMPOSE["services"]["ray-head"]["command"]
     assert all(arg in head.split() for arg in fixed_port_args())
     assert f"--worker-port={DASK_WORKER_PORT}" in COMPOSE["services"]["dask-worker"]["command"].split()
     assert f" {DIRECT_PORT} ray-ps" in (REPO / "compose.yaml").read_text()  # named for the firewall's owner
-    readme = (REPO / "README.md").read_text()
+    ports = (REPO / "docs/deployment.md").read_text()
     assert f" {COLLECTIVE_PORTS[0]}-{COLLECTIVE_PORTS[1]} the TCP group" in (REPO / "compose.yaml").read_text()
     for port in [*RAY_NODE_PORTS.values(), DASK_WORKER_PORT, DIRECT_PORT, *COLLECTIVE_PORTS]:
-        assert re.search(rf"\b{port}\b", readme), f"README does not list port {port}"
+        assert re.search(rf"\b{port}\b", ports), f"docs/deployment.md does not list port {port}"
     smoke = (REPO / "deploy/ci/compose-smoke.sh").read_text()
     opened = re.search(r"^MAC_PORTS=(\S+)$", smoke, re.M).group(1)
     ranges = [tuple(int(n) for n in part.split(":")) for part in opened.split(",")]
@@ -105,13 +105,13 @@ def test_a_port_nothing_answers_at_is_named_as_blocked():
             assert unreachable("127.0.0.1", [open_port, shut], 2.0) == [shut]
 
 
-def test_the_smoke_opens_macos_ephemeral_range_for_gloo_and_the_readme_names_it():
+def test_the_smoke_opens_macos_ephemeral_range_for_gloo_and_the_docs_name_it():
     from hetbench.cluster.nodes import MAC_EPHEMERAL_PORTS
 
     smoke = (REPO / "deploy/ci/compose-smoke.sh").read_text()
     low, high = MAC_EPHEMERAL_PORTS
     assert re.search(rf"^MAC_EPHEMERAL={low}:{high}$", smoke, re.M)
-    assert f"macOS {low}-{high}" in (REPO / "README.md").read_text()
+    assert f"macOS {low}-{high}" in (REPO / "docs/deployment.md").read_text()
 
 
 def test_a_head_that_reaches_this_machines_ephemeral_ports_gives_no_gloo_warning():

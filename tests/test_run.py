@@ -243,7 +243,7 @@ def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
 def test_a_ps_floor_that_cannot_connect_fails_alone_and_the_gloo_floor_stands(tmp_path, shared_cluster, monkeypatch):
     from hetbench import floor
 
-    reason = "gloo-floor failed while measuring the ps-floor: cannot reach 192.0.2.1:6386 (README: Ports)"
+    reason = "gloo-floor failed while measuring the ps-floor: cannot reach 192.0.2.1:6386 (docs/deployment.md: Ports)"
 
     def unreachable(*_):
         raise RunFailed(reason)

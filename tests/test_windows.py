@@ -72,11 +72,11 @@ def test_wslinfo_is_asked_where_present_and_its_absence_is_no_answer(monkeypatch
     assert wsl.networking_mode() is None
 
 
-def test_the_hyperv_rule_opens_the_ports_the_readme_lists_for_the_desktop():
+def test_the_hyperv_rule_opens_the_ports_the_docs_list_for_the_desktop():
     from helpers import REPO
 
-    readme = (REPO / "README.md").read_text()
-    assert wsl.HYPERV_RULE in readme and wsl.WSL_VM_CREATOR_ID in wsl.HYPERV_RULE
+    docs = (REPO / "docs/deployment.md").read_text()
+    assert wsl.HYPERV_RULE in docs and wsl.WSL_VM_CREATOR_ID in wsl.HYPERV_RULE
     ranges = [[int(n) for n in part.split("-")] for part in wsl.DESKTOP_PORTS.split(",")]
     for port in (6379, 6380, 6385, 6386, 6390, 6399, 8786, 8788, 10002, 10101, 32768, 60999):
         assert any(r[0] <= port <= r[-1] for r in ranges), port

@@ -18,7 +18,7 @@ COMPOSE=(docker compose --project-name hetbench-ci --env-file "$WORK/ci.env" -f 
          -f "$WORK/compose.hosts.yaml")
 DOCKERD_PID= WORKER_PID=
 # The "Mac": its own network namespace, joined to this host by a veth pair. MAC_PORTS: what its
-# firewall opens to the desktop, the ports README "Ports" lists for it (hetbench/cluster/nodes.py);
+# firewall opens to the desktop, the ports docs/deployment.md "Ports" lists for it (hetbench/cluster/nodes.py);
 # MAC_EPHEMERAL: macOS's ephemeral range, where gloo listens, opened for the gloo phase only.
 # A home LAN's addresses, as a user's are: above 127.0.1.1, where the desk's host name resolves in
 # the containers (as on Debian and Ubuntu). gloo's side with the greater address dials the other:
@@ -154,7 +154,7 @@ say "compose up (head, scheduler, desktop worker) at $HEAD_HOST"
 
 # 6. the "Mac": the one command, on this host's Python in a venv of its own, CPU, inside a network
 #    namespace of its own behind a default-deny firewall that opens only the documented ports
-#    (README: Ports) to the desktop; the desktop's services listen on the host end of the link.
+#    (docs/deployment.md: Ports) to the desktop; the desktop's services listen on the host end of the link.
 say "installing the mac node's venv (deploy/install.sh with ${MAC_PYTHON:-/usr/bin/python3.11})"
 PYTHON=${MAC_PYTHON:-/usr/bin/python3.11} VENV=$WORK/mac-venv bash deploy/install.sh >&2
 say "joining as the mac node from namespace $MAC_NS: deploy/mac/worker.sh $HEAD_HOST"
@@ -196,7 +196,7 @@ while read -r _ _ _ local _ users; do
   fi
 done < "$WORK/mac-listening.txt"
 
-# 8b. the mac's ephemeral ports opened to the desktop (README: Ports: Ray Train's rank 0, which
+# 8b. the mac's ephemeral ports opened to the desktop (docs/deployment.md: Ports: Ray Train's rank 0, which
 #     may be the mac's, holds the group's rendezvous there), ray-train and the floor across the
 #     link, in a second run of the runner
 "${MAC_FW[@]}" -A INPUT -s "$HEAD_HOST" -p tcp --dport "$MAC_EPHEMERAL" -j ACCEPT

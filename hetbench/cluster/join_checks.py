@@ -106,14 +106,14 @@ def gloo_warning(here: str, scheduler: str, timeout_s: float) -> str | None:
     return (
         f"the head cannot reach this machine's ephemeral ports (tried {port}): gloo's strategies and the "
         "gloo-floor row will stall; let the head in on them, e.g. allow incoming connections for "
-        f"{sys.executable} in the macOS firewall (README: Ports)"
+        f"{sys.executable} in the macOS firewall (docs/deployment.md: Ports)"
     )
 
 
 def blocked_message(who: str, ports: list[int], firewall: str, wsl2_head: bool = False) -> str:
     """One sentence: who cannot reach which ports, and the firewall to open (a WSL2 desktop's has two)."""
     named = ", ".join(f"{port} ({LISTENED[port]})" for port in ports)
-    message = f"{who} on port {named}: let it through {firewall} firewall (README: Ports)"
+    message = f"{who} on port {named}: let it through {firewall} firewall (docs/deployment.md: Ports)"
     if wsl2_head:
         message += f"; the desktop is WSL2: open its Hyper-V firewall too (administrator PowerShell): {HYPERV_RULE}"
     return message
@@ -177,7 +177,8 @@ def check_group(head: str, scheduler: str, timeout_s: float) -> str:
     except Exception as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise UserError(
-            f"this machine and the head could not form a group (torch-ddp's, Ray Train's): {reason} (README: Ports)"
+            f"this machine and the head could not form a group (torch-ddp's, Ray Train's): {reason} "
+            "(docs/deployment.md: Ports)"
         ) from None
     finally:
         if dist.is_initialized():

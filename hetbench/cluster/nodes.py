@@ -26,7 +26,7 @@ DASK_NODE_ENV = {
 HEAD_RAY_PORT, HEAD_DASK_PORT = 6379, 8786  # the head's GCS and Dask scheduler (compose.yaml's defaults)
 # The ports a node of a joined cluster (the desktop's head, the Mac) listens on besides the head's
 # GCS and Dask scheduler: fixed, so a firewall can open exactly these, on both machines
-# (compose.yaml's head and dask-worker name the same; README: Ports). Ray picks them at random otherwise.
+# (compose.yaml's head and dask-worker name the same; docs/deployment.md: Ports). Ray picks them at random otherwise.
 RAY_NODE_PORTS = {
     "node-manager-port": 6380,  # the raylet: the GCS and the other nodes' raylets call it
     "object-manager-port": 6381,  # objects (weights, gradients) pulled from this node
@@ -50,7 +50,7 @@ COLLECTIVE_PORTS = (6390, 6399)
 
 def direct_port(joined: bool) -> int:
     """Where a parameter server's direct channels listen: in a joined cluster the port its firewall
-    opens (README: Ports), else any free one."""
+    opens (docs/deployment.md: Ports), else any free one."""
     return DIRECT_PORT if joined else 0
 
 

@@ -64,7 +64,10 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
         for address in (ray_address, scheduler):
             check_reachable(address, timeout_s)
     except UserError as e:  # nothing answers yet to ask whether the head is a Windows desktop
-        raise UserError(f"{e}; a Windows desktop must let it through its Hyper-V firewall too (README)") from None
+        raise UserError(
+            f"{e}; a Windows desktop must let it through its Hyper-V firewall too "
+            "(docs/deployment.md: Desktop on Windows)"
+        ) from None
     check_versions(versions(), head_versions(scheduler, timeout_s))
     check_token()
     envs = node_environments(head)

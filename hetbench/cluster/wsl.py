@@ -31,7 +31,7 @@ from hetbench.errors import UserError
 OSRELEASE = Path("/proc/sys/kernel/osrelease")  # the kernel's release: a container sees its host's
 # WSL's VM creator id in the Hyper-V firewall (Microsoft's documentation, WSL networking)
 WSL_VM_CREATOR_ID = "{40E0AC32-46A5-438A-A0B2-2B479E8F2E90}"
-# What the Mac connects to on the desktop (README: Ports): Ray's GCS and node, ray-ps's server, Dask's
+# What the Mac connects to on the desktop (docs/deployment.md: Ports): Ray's GCS and node, ray-ps's server, Dask's
 # scheduler and worker, Ray's worker processes, the TCP group's ranks, gloo's (and a group's
 # rendezvous') ephemeral ports
 _RAY = RAY_NODE_PORTS
@@ -51,7 +51,7 @@ HYPERV_RULE = (
 )
 MIRRORED = (
     "in Windows, put `networkingMode=mirrored` under [wsl2] in %UserProfile%\\.wslconfig, run `wsl --shutdown` "
-    "in PowerShell and start again (README: Desktop on Windows)"
+    "in PowerShell and start again (docs/deployment.md: Desktop on Windows)"
 )
 
 
@@ -83,7 +83,8 @@ def check_desktop(head: str | None, osrelease: str, mode: str | None, addresses:
     if version == 1:
         raise UserError(
             "this desktop runs WSL 1, which runs no Docker Engine or Ray node: "
-            "convert the distribution with `wsl --set-version <distribution> 2` (README: Desktop on Windows)"
+            "convert the distribution with `wsl --set-version <distribution> 2` "
+            "(docs/deployment.md: Desktop on Windows)"
         )
     if version == 2 and mode == "nat":
         raise UserError(f"WSL2 is in NAT networking mode, which hides every port from the Mac: {MIRRORED}")

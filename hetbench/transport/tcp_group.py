@@ -328,7 +328,8 @@ def _dial(address: tuple[str, int], hello: bytes, deadline: float) -> socket.soc
         except OSError as e:
             if time.monotonic() >= deadline:
                 raise ConnectionError(
-                    f"{NAME}: cannot reach rank at {address[0]}:{address[1]}: {e.strerror or e} (README: Ports)"
+                    f"{NAME}: cannot reach rank at {address[0]}:{address[1]}: {e.strerror or e} "
+                    "(docs/deployment.md: Ports)"
                 ) from None
             time.sleep(0.1)
 
@@ -336,13 +337,15 @@ def _dial(address: tuple[str, int], hello: bytes, deadline: float) -> socket.soc
 def _accept(listener: socket.socket, deadline: float, waiting_for: str) -> socket.socket:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise ConnectionError(f"{NAME}: the group did not form: still waiting for {waiting_for} (README: Ports)")
+        raise ConnectionError(
+            f"{NAME}: the group did not form: still waiting for {waiting_for} (docs/deployment.md: Ports)"
+        )
     listener.settimeout(left)
     try:
         sock, _ = listener.accept()
     except TimeoutError:
         raise ConnectionError(
-            f"{NAME}: the group did not form: still waiting for {waiting_for} (README: Ports)"
+            f"{NAME}: the group did not form: still waiting for {waiting_for} (docs/deployment.md: Ports)"
         ) from None
     sock.settimeout(max(0.01, deadline - time.monotonic()))
     return sock
