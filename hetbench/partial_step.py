@@ -1,7 +1,7 @@
 """An optimizer step taken a few parameters at a time, and put back when the rest never comes.
 
 A parameter server that steps each parameter as soon as every worker's gradient of it is in
-(roles.ParameterServer.apply_by_parameter) takes one optimizer step in pieces. Every optimizer here
+(parameter_server.ParameterServer.apply_by_parameter) takes one optimizer step in pieces. Every optimizer here
 is elementwise, so the pieces add up to the whole step exactly; torch skips a parameter whose
 gradient is None, which is how a piece leaves the others alone.
 """

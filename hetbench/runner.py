@@ -25,7 +25,8 @@ from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
 from hetbench.standalone import Brackets, measure_standalone, speeds
 from hetbench.strategies import registry
-from hetbench.strategies.roles import ParameterServer, Replica
+from hetbench.strategies.parameter_server import ParameterServer
+from hetbench.strategies.replica import Replica
 from hetbench.training import Evaluator, Schedule, train_repeat
 from hetbench.workload import Net
 
@@ -72,15 +73,15 @@ def run_strategy(
                     train_repeat(
                         strategy,
                         schedule,
-                        r,
-                        evaluate,
-                        bar,
-                        cfg.run.seed + r,
-                        cfg.run.batch_size,
-                        first,
-                        save,
-                        resume,
-                        cluster,
+                        repeat=r,
+                        evaluate=evaluate,
+                        bar=bar,
+                        seed=cfg.run.seed + r,
+                        samples_per_step=cfg.run.batch_size,
+                        faults=first,
+                        save=save,
+                        resume=resume,
+                        cluster=cluster,
                     )
                 )
         workers, extras = strategy.worker_info(), strategy.record_extras()

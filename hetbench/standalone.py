@@ -14,7 +14,7 @@ from __future__ import annotations
 from hetbench.clock import median
 from hetbench.cluster.place import place
 from hetbench.config import Job
-from hetbench.strategies.roles import Replica
+from hetbench.strategies.replica import Replica
 
 WARMUP_STEPS = 3
 

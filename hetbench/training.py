@@ -113,6 +113,7 @@ class Evaluator:
 def train_repeat(
     strategy,
     schedule: Schedule,
+    *,
     repeat: int,
     evaluate: Evaluator | None,
     bar,

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.strategies.ray_ps import RayReplica, RayServer
-from hetbench.strategies.roles import ParameterServer
 from hetbench.transport.direct import Silent
 
 log = logging.getLogger(__name__)

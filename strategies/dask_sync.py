@@ -13,7 +13,7 @@ from hetbench.clock import now
 from hetbench.cluster.dask_placed import Done
 from hetbench.errors import WorkersLost
 from hetbench.strategies.parameter_server import ParameterServerDriver
-from hetbench.strategies.roles import Replica
+from hetbench.strategies.replica import Replica
 
 
 class DaskReplica(Replica):

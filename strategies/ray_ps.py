@@ -27,8 +27,8 @@ from hetbench.cluster.nodes import direct_port
 from hetbench.config import Job, setting
 from hetbench.errors import UserError
 from hetbench.gradients import from_wire, to_wire
-from hetbench.strategies.parameter_server import ParameterServerDriver
-from hetbench.strategies.roles import ParameterServer, Replica
+from hetbench.strategies.parameter_server import ParameterServer, ParameterServerDriver
+from hetbench.strategies.replica import Replica
 from hetbench.transport.direct import Channel, Listener, Sent, gave_up, given_up, hello
 
 TRANSPORTS = ("direct", "object-store")

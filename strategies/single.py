@@ -17,7 +17,7 @@ from hetbench.cluster.place import place
 from hetbench.config import Job
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
-from hetbench.strategies.roles import Replica
+from hetbench.strategies.replica import Replica
 from hetbench.train_state import load_train_state, train_state
 from hetbench.workload import build_optimizer
 

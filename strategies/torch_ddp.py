@@ -34,7 +34,7 @@ from hetbench.errors import UserError
 from hetbench.gradients import WIRE_DTYPES, batch_shares, powersgd_fraction, weighted_allreduce, weighted_powersgd
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
-from hetbench.strategies.roles import Replica
+from hetbench.strategies.replica import Replica
 from hetbench.strategies.single import OneDevice
 from hetbench.workload import Net, build_optimizer, forward_backward
 

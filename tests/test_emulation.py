@@ -10,13 +10,13 @@ import torch
 
 from hetbench.clock import cpu_wait
 from hetbench.config import WorkerConfig
-from hetbench.strategies import roles
+from hetbench.strategies import replica
 
 
-def replica_slowed(factor: float) -> roles.Replica:
-    replica = roles.Replica()
-    replica.spec, replica.device = WorkerConfig(slowdown=factor), torch.device("cpu")
-    return replica
+def replica_slowed(factor: float) -> replica.Replica:
+    worker = replica.Replica()
+    worker.spec, worker.device = WorkerConfig(slowdown=factor), torch.device("cpu")
+    return worker
 
 
 def test_an_emulated_worker_waits_slowdown_minus_one_times_its_work():
@@ -28,7 +28,7 @@ def test_an_emulated_worker_waits_slowdown_minus_one_times_its_work():
 
 def test_time_spent_waiting_for_a_cpu_is_not_multiplied(monkeypatch):
     waits = iter([0.0, 0.04])  # the thread waited 40 ms of the work's 100 for a CPU held elsewhere
-    monkeypatch.setattr(roles, "cpu_wait", lambda: next(waits))
+    monkeypatch.setattr(replica, "cpu_wait", lambda: next(waits))
     seconds = replica_slowed(3.0).work(lambda: time.sleep(0.1))
     assert seconds == pytest.approx(0.1 + 2 * 0.06, abs=0.05)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from helpers import small_config
-from hetbench.strategies.roles import ParameterServer
+from hetbench.strategies.parameter_server import ParameterServer
 
 SHARES = [0.75, 0.25]
 

@@ -16,7 +16,7 @@ from hetbench.results.rows import step_summary
 from hetbench.runner import run
 from hetbench.step_timing import CentralUpdate, StepTiming
 from hetbench.strategies import registry
-from hetbench.strategies.roles import ParameterServer
+from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.training import Schedule, train_repeat
 
 
@@ -236,7 +236,8 @@ def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
     strategy = Recorder(cfg.job())
     strategy.thens = []
     with Progress("recorder", 4, 1) as bar:
-        train_repeat(strategy, Schedule.of(cfg.run), 0, None, bar, seed=0, samples_per_step=cfg.run.batch_size)
+        schedule, batch = Schedule.of(cfg.run), cfg.run.batch_size
+        train_repeat(strategy, schedule, repeat=0, evaluate=None, bar=bar, seed=0, samples_per_step=batch)
     assert strategy.thens == [1, 2, 3, None]
 
 

@@ -41,7 +41,9 @@ def test_checks_go_fine_near_the_target_and_back_once_it_is_reached(tmp_path):
     cfg = small_config(tmp_path, *settings, "target_accuracy=0.9")
     strategy = Climbing(cfg.job())
     with Progress("climbing", 60, 1) as bar:
-        result = train_repeat(strategy, Schedule.of(cfg.run), 0, accuracy, bar, seed=0, samples_per_step=64)
+        result = train_repeat(
+            strategy, Schedule.of(cfg.run), repeat=0, evaluate=accuracy, bar=bar, seed=0, samples_per_step=64
+        )
     # 0.8 at step 40 is within 0.15 of 0.9: every 2 steps until 0.92 at step 46, then every 10 again
     checked = [10, 20, 30, 40, 42, 44, 46, 50, 60]
     assert [p["step"] for p in result["curve"]] == checked
@@ -57,7 +59,9 @@ def test_without_fine_checks_the_crossing_is_known_to_eval_every(tmp_path):
     cfg = small_config(tmp_path, "steps=60", "warmup_steps=0", "eval_every=10", "fine_eval_every=0")
     strategy = Climbing(cfg.job())
     with Progress("climbing", 60, 1) as bar:
-        result = train_repeat(strategy, Schedule.of(cfg.run), 0, accuracy, bar, seed=0, samples_per_step=64)
+        result = train_repeat(
+            strategy, Schedule.of(cfg.run), repeat=0, evaluate=accuracy, bar=bar, seed=0, samples_per_step=64
+        )
     assert [p["step"] for p in result["curve"]] == [10, 20, 30, 40, 50, 60]
     assert target_bracket_s(result["curve"], 0.9) == pytest.approx(0.1)
 

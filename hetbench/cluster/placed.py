@@ -3,7 +3,7 @@
 A strategy that computes on remote workers asks `place(cluster, workers, role, owner, job)` for
 them and then talks to them only through `Placed`: call a method of the role in one worker's
 process, wait for results (errors in one sentence), kill one, drop a lost one, close. The role is a
-plain class (strategies/roles.py): its `setup(job, rank, threads)` runs first, in the worker's own
+plain class (strategies/replica.py): its `setup(job, rank, threads)` runs first, in the worker's own
 process, on its own node, so the device is resolved where the math runs. The seam reads the
 cluster's section and the workers, nothing else: the job is the role's (a row's config, the floor's
 workers), carried through unread. A parameter server's coordinator can come along: it runs on the

@@ -1,4 +1,4 @@
-"""The two roles of a parameter-server-style strategy: a Replica per worker, one ParameterServer."""
+"""The worker of every strategy: a configured worker's model copy, data and clock, in its own process."""
 
 from __future__ import annotations
 
@@ -16,11 +16,8 @@ from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
 from hetbench.data import cached_mnist
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
-from hetbench.gradients import FlatModel, count_parameters, from_wire, to_wire, weighted_sum
-from hetbench.partial_step import Undo, step_only
-from hetbench.step_timing import CentralUpdate
+from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.strategies.base import BatchOrder, worker_slice
-from hetbench.train_state import load_train_state, train_state
 from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
 
@@ -218,103 +215,3 @@ class Replica:
             # every hand-off; what it overran by would otherwise read as the strategy's sync overhead
             delay = time.perf_counter() - slept_from
         return seconds + delay
-
-
-class ParameterServer:
-    """Master weights and the optimizer, on CPU (a Ray actor in ray-ps, the client in dask-sync).
-    `reset` makes them for each repeat."""
-
-    shared: HostBuffers | None = None  # from share_with, where workers share my host
-    wire: str  # what the weights travel in
-    flat: FlatModel
-    optimizer: torch.optim.Optimizer
-    chunks: dict[int, list[torch.Tensor]]  # each parameter's offset -> the optimizer's chunks of it
-
-    def share_with(self, job: Job, slots: int) -> tuple[str, int] | None:
-        """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
-        self.shared = HostBuffers.create(
-            count_parameters(build_model(job.run.dropout, 0)), slots, job.cluster.step_timeout_s
-        )
-        return (self.shared.path, self.shared.numel) if self.shared else None
-
-    def shared_by_all(self, by_value: bool = True) -> None:
-        """Every worker that could has mapped the shared memory: its name goes (nothing to leave behind).
-        `by_value`: whether some worker is not among them (and is sent the weights by value)."""
-        if self.shared:
-            self.shared.unlink()
-
-    def reset(self, job: Job, seed: int):
-        # The update runs while every worker waits for it: give it all of this host's cores.
-        configure_threads(0)
-        keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
-        self.wire = job.run.wire_dtype
-        # the master weights live where the workers on this host read them: publishing them is free
-        self.flat = FlatModel(build_model(job.run.dropout, seed), self.shared and self.shared.weights)
-        chunks = self.flat.optimizer_params()
-        self.optimizer = build_optimizer(chunks, job.run.optimizer, job.run.lr)
-        self.chunks = self.flat.chunks_of(chunks)  # each parameter's offset -> its chunks, to step it alone
-        return to_wire(self.flat.params, self.wire)
-
-    def state(self) -> dict:
-        return train_state(self.flat, self.optimizer)
-
-    def load_state(self, state: dict):
-        load_train_state(self.flat, self.optimizer, state)
-        return to_wire(self.flat.params, self.wire)
-
-    def apply(self, shares: list[float], *grads, ticket: int | None = None, check=None):
-        """(2c) the gradients (arrays, or slots of shared memory) weighted by their batch shares,
-        (3) one optimizer step; new weights out. With a `ticket`, each slot's gradient is waited
-        for on its counter (`check` may end that wait) and the new weights are announced on the
-        version counter."""
-        self._wait_for_slots(grads, ticket, check)
-        start = time.perf_counter()
-        grads = [self.shared.gradient(g) if isinstance(g, int) else from_wire(g) for g in grads]
-        weighted_sum(grads, shares, out=self.flat.grads)
-        stepping = time.perf_counter()
-        self.optimizer.step()
-        optimizer_s = time.perf_counter() - stepping
-        return self._published(ticket), CentralUpdate(time.perf_counter() - start, optimizer_s)
-
-    def apply_by_parameter(self, shares: list[float], grads: list, arrived, publish, ticket: int | None = None):
-        """As `apply`, a parameter at a time, as DDP reduces a bucket: `arrived` yields (each parameter's
-        offset, when the last of it came in) once every worker's gradient of it is in `grads` (buffers
-        that fill as its parts come), and that parameter is combined, stepped and handed to
-        `publish(offset, size)` while the others still come. The update is timed from when the last
-        gradient came in; its optimizer seconds are those after it. Should `arrived` fail part-way,
-        the weights and the optimizer's state are put back as they were (the step is redone without it)."""
-        self._wait_for_slots(grads, ticket)
-        last_in, stepped = time.perf_counter(), []  # (when, seconds) of each parameter's optimizer step
-        grads = [self.shared.gradient(g) if isinstance(g, int) else g for g in grads]
-        sizes = {offset: size for _, offset, size in self.flat.spans}
-        undo = Undo(self.optimizer)
-        try:
-            for offset, came_in in arrived:
-                last_in, end = max(last_in, came_in), offset + sizes[offset]
-                parts = [g[offset:end] if isinstance(g, torch.Tensor) else from_wire(g[offset:end]) for g in grads]
-                weighted_sum(parts, shares, out=self.flat.grads[offset:end])
-                undo.keep(self.chunks[offset])
-                stepping = time.perf_counter()
-                step_only(self.optimizer, self.chunks[offset])
-                stepped.append((stepping, time.perf_counter() - stepping))
-                publish(offset, end - offset)
-        except BaseException:
-            undo.restore()
-            raise
-        weights = self._published(ticket)
-        optimizer_s = sum(max(0.0, min(seconds, at + seconds - last_in)) for at, seconds in stepped)
-        return weights, CentralUpdate(time.perf_counter() - last_in, optimizer_s)
-
-    def _wait_for_slots(self, grads: list, ticket: int | None, check=None) -> None:
-        for g in grads:
-            if ticket is not None and isinstance(g, int):
-                self.shared.wait_gradient(g, ticket, check)
-
-    def _published(self, ticket: int | None):
-        """The new weights announced to the workers in shared memory, and as they leave by value."""
-        if ticket is not None:
-            self.shared.publish_weights(ticket)
-        return to_wire(self.flat.params, self.wire)
-
-    def params(self):
-        return self.flat.params.numpy()
