@@ -40,11 +40,14 @@ def git_commit() -> str | None:
         return None
 
 
+CODE_PATHS = (":/hetbench", ":/strategies", ":/benchmarks", ":/deploy")  # what runs; results/ and docs/ do not
+
+
 def git_dirty() -> bool | None:
-    """Whether the checkout had uncommitted changes to tracked files (None: not a git checkout)."""
+    """Whether the checkout's code had uncommitted changes to tracked files (None: not a git checkout)."""
     try:
         out = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
             capture_output=True,
             text=True,
             timeout=5,
