@@ -61,3 +61,14 @@ def test_short_suite_writes_json_with_figures_that_pytest_benchmark_compare_read
         timeout=60,
     )
     assert compare.returncode == 0 and "test_step" in compare.stdout, compare.stderr[-2000:]
+
+
+@pytest.mark.parametrize("script", ["baseline_overhead.py", "collectives.py"])
+def test_each_kept_benchmark_script_imports_and_answers_help(script):
+    """No test runs them in full (they measure): this keeps an edit elsewhere from breaking them unseen."""
+    repo = Path(__file__).resolve().parents[1]
+    shown = subprocess.run(
+        [sys.executable, str(repo / "benchmarks" / script), "--help"], capture_output=True, text=True, timeout=120
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("usage:")
