@@ -119,8 +119,11 @@ BOMB = "a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a
         (lambda p: open(p, "wb").truncate(17 * 1024 * 1024), "bytes: more than"),
         # valid YAML, a few MB: refused before parsing (PyYAML would take minutes over it)
         (lambda p: p.write_text("strategies: [single]\n" + "# padding\n" * 300_000), "bytes: more than 262,144"),
+        # safe_load would keep the last of the two silently
+        (lambda p: p.write_text("steps: 1\nsteps: 2\n"), "at line 2: key 'steps' is given twice in one mapping"),
+        (lambda p: p.write_text("a: " + "[" * 50_000 + "]" * 50_000 + "\n"), "nested more than 32 levels deep"),
     ],
-    ids=["binary", "directory", "alias-bomb", "huge", "megabytes-of-yaml"],
+    ids=["binary", "directory", "alias-bomb", "huge", "megabytes-of-yaml", "key-twice", "deep"],
 )
 def test_a_config_that_is_not_a_config_file_is_one_sentence(cli, tmp_path, make, message):
     path = tmp_path / "cfg.yaml"
@@ -140,6 +143,31 @@ def test_report_of_a_missing_or_foreign_file(cli, tmp_path):
     foreign = tmp_path / "x.json"
     foreign.write_text(json.dumps({"hello": 1}))
     assert_one_line_error(cli("report", str(foreign)), "does not hold hetbench records")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[{"strategy": "single", "strategy": "x"}]', "key 'strategy' is given twice in one object"),
+        ("[" * 50_000 + "]" * 50_000, "is nested too deeply to be one of ours"),
+        ("[" * 40 + "]" * 40, "is nested more than 32 levels deep"),
+        (
+            '[{"strategy": "single", "status": "ok", "samples_per_s": "fast", "workers": []}]',
+            "record 1 (single): samples_per_s must be a number, got str 'fast'",
+        ),
+        ('[{"strategy": "single", "workers": 3}]', "record 1 (single): workers must be a list, got int 3"),
+        (
+            '[{"strategy": "single", "workers": [{"name": "w", "batch": 8, "compute_s": [1, "x"]}]}]',
+            "workers[0].compute_s must be a list of numbers",
+        ),
+        ('[{"strategy": "single", "status": 1}]', "record 1 (single): status must be text, got int 1"),
+    ],
+    ids=["key-twice", "recursion-deep", "deep", "figure-text", "workers-not-list", "nested-figure", "status-number"],
+)
+def test_a_record_whose_structure_or_types_are_wrong_is_one_sentence(cli, tmp_path, text, message):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    assert_one_line_error(cli("report", str(path)), message)
 
 
 def test_report_writes_tables_into_a_new_directory_and_refuses_an_unwritable_one(cli, tmp_path):

@@ -93,3 +93,12 @@ def test_resume_refuses_what_it_cannot_continue(cli, tmp_path):
         "--resume continues a run with the config it was started with",
     )
     assert_one_line_error(cli("run"), "needs a config (-c CONFIG) or a run to continue (--resume RUN)")
+    kept = tmp_path / "checkpoints" / "broken"
+    kept.mkdir(parents=True)
+    for text, message in [
+        ('{"config": {}, "config": {}}', "key 'config' is given twice in one object"),
+        ('{"config": [1]}', "does not hold a run's config and speeds"),
+        ('{"config": {}, "standalone": 3}', "its speeds must be an object or null"),
+    ]:
+        (kept / "run.json").write_text(text)
+        assert_one_line_error(cli("run", "--resume", "broken", "--results-dir", str(tmp_path)), message)

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from hetbench.errors import UserError
-from hetbench.inputs import read_text
+from hetbench.inputs import load_json, read_text
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
 from hetbench.step_timing import StepTiming
 
@@ -41,10 +41,15 @@ class RunCheckpoints:
                 f"run {self.dir.name} kept no checkpoints ({self.dir / 'run.json'} is missing; "
                 "runs keep them with checkpoint_every > 0)"
             )
+        where = self.dir / "run.json"
         try:
-            saved = json.loads(read_text(self.dir / "run.json", "checkpoint file"))
-        except json.JSONDecodeError as e:
-            raise UserError(f"{self.dir / 'run.json'} is not valid JSON: {e}") from None
+            saved = load_json(read_text(where, "checkpoint file"), f"checkpoint file {where}")
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        if not (isinstance(saved, dict) and isinstance(saved.get("config"), dict) and "standalone" in saved):
+            raise UserError(f"checkpoint file {where} does not hold a run's config and speeds")
+        if saved["standalone"] is not None and not isinstance(saved["standalone"], dict):
+            raise UserError(f"checkpoint file {where}: its speeds must be an object or null")
         return saved["config"], saved["standalone"]
 
     def save(self, key: str, payload: dict) -> None:

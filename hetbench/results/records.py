@@ -18,7 +18,7 @@ from hetbench.cores import usable_cores
 from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
-from hetbench.inputs import read_text
+from hetbench.inputs import load_json, read_text
 
 SECRET_KEYS = ("token", "password", "secret")
 
@@ -176,19 +176,60 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 
 
 def read_records(paths: list[str]) -> list[dict]:
+    """Every record of the files, each checked as it loads (one sentence, UserError, for a file
+    that is not JSON, repeats a key, nests too deep or holds something else)."""
     records: list[dict] = []
     for p in paths:
         try:
-            data = json.loads(read_text(p, "record file"))
-        except json.JSONDecodeError as e:
-            raise UserError(f"record file {p} is not valid JSON: {e}") from None
+            data = load_json(read_text(p, "record file"), f"record file {p}")
+        except ValueError as e:
+            raise UserError(str(e)) from None
         items = data if isinstance(data, list) else [data]
-        if not all(isinstance(r, dict) and "strategy" in r for r in items):
+        if not all(isinstance(r, dict) and isinstance(r.get("strategy"), str) for r in items):
             raise UserError(f"record file {p} does not hold hetbench records")
-        for record in items:  # an old name reads as today's, so runs before and after a rename line up
+        for n, record in enumerate(items):
+            if problem := record_problem(record):
+                raise UserError(f"record file {p}, record {n + 1} ({record['strategy']}): {problem}")
+            # an old name reads as today's, so runs before and after a rename line up
             record["strategy"] = RENAMED.get(record["strategy"], record["strategy"])
         records.extend(items)
     return records
+
+
+# A figure's name says its unit: a value under a name ending so is a number (or null, or a list of them).
+FIGURE_SUFFIXES = ("_s", "_cv", "_ms", "per_s", "accuracy", "efficiency", "_mb", "_bytes")
+TEXT_KEYS = ("strategy", "status", "reason", "balance", "name", "device", "node")
+LIST_KEYS = ("workers", "curve")
+
+
+def record_problem(value, key: str = "") -> str | None:
+    """What makes a record's value the wrong type for its name, as a phrase; None when it is sound."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if problem := record_problem(v, f"{key}.{k}" if key else str(k)):
+                return problem
+        return None
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(value, list):
+        if leaf in LIST_KEYS and not all(isinstance(v, dict) for v in value):
+            return f"{key} must be a list of objects"
+        if leaf.endswith(FIGURE_SUFFIXES) and not all(_figure(v) for v in value):
+            return f"{key} must be a list of numbers"
+        for i, v in enumerate(value):
+            if isinstance(v, dict) and (problem := record_problem(v, f"{key}[{i}]")):
+                return problem
+        return None
+    if leaf in LIST_KEYS and value is not None:
+        return f"{key} must be a list, got {type(value).__name__} {value!r:.40}"
+    if leaf.endswith(FIGURE_SUFFIXES) and not _figure(value):
+        return f"{key} must be a number, got {type(value).__name__} {value!r:.40}"
+    if leaf in TEXT_KEYS and value is not None and not isinstance(value, str):
+        return f"{key} must be text, got {type(value).__name__} {value!r:.40}"
+    return None
+
+
+def _figure(value) -> bool:
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def hand_to_owner(results_dir: str) -> None:
