@@ -171,3 +171,13 @@ def test_a_table_names_the_commit_and_command_that_measured_it(tmp_path):
     )
     md, _ = write_tables(KNOWN, str(tmp_path), "bare")  # records without an environment: no such line
     assert md.read_text().splitlines()[2].startswith("Verdict")
+
+
+def test_the_readmes_column_table_names_every_column_of_the_default_table():
+    from helpers import REPO
+    from hetbench.results.report import TABLE
+
+    readme = (REPO / "README.md").read_text()
+    body = readme[readme.index("| column | meaning |") :].split("\n\n")[0].splitlines()[2:]
+    named = {name for line in body for name in line.split("|")[1].strip().split(", ")}
+    assert named == {c.header for c in TABLE if c.narrow} - {"strategy", "status"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import textwrap
 from pathlib import Path
 
 from tabulate import tabulate
@@ -12,35 +13,12 @@ from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
-from hetbench.results.plots import scaling_figure, write_plots
+from hetbench.results.columns import Column, Row, columns
+from hetbench.results.plots import write_plots
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
 from hetbench.strategies.registry import BASELINE
-
-COLUMNS = [
-    "strategy",
-    "balance",
-    "workers",
-    "samples/s",
-    "CV",
-    "vs baseline",
-    "scaling eff",
-    "compute ms",
-    "comm ms",
-    "update ms",
-    "optimizer ms",
-    "wait ms",
-    "sync overhead ms",
-    "vs floor",
-    "floor-predicted samples/s",
-    "vs predicted",
-    "test acc",
-    "time to target s",
-    "steps to target",
-    "startup s",
-    "status",
-]
 
 
 def ordered(records: list[dict]) -> list[dict]:
@@ -95,42 +73,19 @@ def _balance(record: dict) -> str | None:
     return f"{record.get('balance')}, re-split {resplits}x" if resplits else record.get("balance")
 
 
+TABLE: list[Column] = columns(_workers, _balance)
+COLUMNS = [c.name for c in TABLE]  # the CSV's header and --wide's
+
+
 def rows(records: list[dict]) -> list[list]:
+    """Each record's value in every column (columns.py), the baseline first."""
     records = ordered(records)
     baseline = measured(records, BASELINE)
     floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
-    table = []
-    for r in records:
-        step = r.get("step") or {}
-        overhead = floor_seconds(r) if r["strategy"] in FLOORS else step.get("sync_overhead_s")
-        if r["strategy"] == BASELINE:
-            overhead = None
-        own = own_floor_s(r, records)
-        table.append(
-            [
-                r["strategy"],
-                _balance(r),
-                _workers(r),
-                r.get("samples_per_s"),
-                r.get("samples_per_s_cv", r.get("allreduce_cv", r.get("roundtrip_cv"))),
-                r["samples_per_s"] / baseline["samples_per_s"] if baseline and r.get("samples_per_s") else None,
-                scaling_figure(r),
-                _ms(step.get("compute_s")),
-                _ms(step.get("comm_s")),
-                _ms(step.get("update_s")) if step.get("update_s") else None,
-                _ms(step.get("optimizer_s")) if step.get("optimizer_s") else None,
-                _ms(step.get("wait_s")),
-                _ms(overhead),
-                overhead / own if own and overhead is not None else None,
-                *_predicted(r, floor),
-                r.get("final_accuracy"),
-                r.get("time_to_target_s"),
-                r.get("steps_to_target"),
-                r.get("startup_s"),
-                r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else ""),
-            ]
-        )
-    return table
+    return [
+        [c.value(Row(r, baseline, floor, own_floor_s(r, records), _predicted(r, floor))) for c in TABLE]
+        for r in records
+    ]
 
 
 def _predicted(record: dict, floor: dict | None) -> tuple:
@@ -145,53 +100,23 @@ def _predicted(record: dict, floor: dict | None) -> tuple:
     return predicted, record["samples_per_s"] / predicted
 
 
-def _fmt(value, column: str) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        if column in ("CV", "test acc", "scaling eff"):
-            return f"{value:.1%}"
-        if column.startswith("vs "):
-            return f"{value:.2f}x"
-        return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
-    return str(value)
-
-
-# The default table: what answers "which way pays" (every column stays in the CSV and --wide)
-NARROW = [
-    "strategy",
-    "balance",
-    "workers",
-    "samples/s ± CV",
-    "vs baseline",
-    "scaling eff",
-    "sync overhead ms (vs floor)",
-    "test acc",
-    "time to target s",
-    "status",
-]
-
-
 def _narrow(cells: dict) -> list[str]:
-    """A row of formatted wide cells as the NARROW columns (two of them pair a figure with its spread or ratio)."""
-
-    def pair(figure: str, extra: str, form: str) -> str:
-        return cells[figure] if cells[extra] == "-" else form.format(cells[figure], cells[extra])
-
-    paired = {
-        "samples/s ± CV": pair("samples/s", "CV", "{} ± {}"),
-        "sync overhead ms (vs floor)": pair("sync overhead ms", "vs floor", "{} ({})"),
-    }
-    return [paired.get(c, cells.get(c)) for c in NARROW]
+    """A row of formatted cells as the narrow table's (a column shown with the one beside it)."""
+    shown = []
+    for c in TABLE:
+        if c.narrow:
+            beside = cells[c.beside] if c.beside else "-"
+            shown.append(cells[c.name] if beside == "-" else c.beside_form.format(cells[c.name], beside))
+    return shown
 
 
 def markdown(records: list[dict], wide: bool = False) -> str:
     """The comparison table, verdict first; `wide`: every column of the CSV."""
-    formatted = [{c: _fmt(v, c) for v, c in zip(row, COLUMNS)} for row in rows(records)]
+    formatted = [{c.name: c.cell(v) for v, c in zip(row, TABLE)} for row in rows(records)]
     if wide:
         headers, body = COLUMNS, [[cells[c] for c in COLUMNS] for cells in formatted]
     else:
-        headers, body = NARROW, [_narrow(cells) for cells in formatted]
+        headers, body = [c.header for c in TABLE if c.narrow], [_narrow(cells) for cells in formatted]
     table = tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
     answer = "\n".join(verdict(records))
     return f"{answer}\n\n{table}" if answer else table
@@ -274,41 +199,22 @@ def legend(records: list[dict]) -> str:
 SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (speed_steps timed the others only)."
 
 
-LEGEND = """\
-The CSV and `hetbench report --wide` hold every column: compute, comm, update, optimizer and wait ms,
-floor-predicted samples/s, startup s. vs baseline: over the best machine alone (the single row).
-samples/s: global training throughput, median over repeats (CV across them); warm-up steps excluded.
-compute / comm / wait: per-step medians of the slowest worker's compute, of moving and combining
-gradients or weights (update: the part of comm a parameter server spends combining the gradients
-and stepping; optimizer: of that, the optimizer step), and of the fastest worker idling for the
-slowest. sync overhead = step time - slowest compute - a parameter server's optimizer step (work
-single's step does too; records without an optimizer figure counted it as overhead) (ray-ps-async,
-with no barrier: a worker's own wait for fresh weights after each batch);
-balance: how the global batch was split (equal; proportional to configured speeds; auto: to the
-speeds measured alone, then once more by those of the warm-up steps, where the workers share the
-machine; "re-split Nx": rebalance_every re-split it N times more by the speeds measured in the run;
-the workers column shows the last split). scaling eff: samples/s over the sum of the workers' samples/s when each
-trains alone on the whole batch in the same run (the median of its timings just before and just after the
-row; auto's split uses those at the run's start; "drift": above 100%, which says the machine's speed moved
-between those timings and the row, not that the row beat its workers). "(slowed Nx)" marks an emulated slow worker.
-[gloo] / [tcp]: the collective a torch.distributed group formed on (cluster.collective; auto: gloo where
-every rank runs one operating system on a device gloo takes, else hetbench's TCP group, as between Linux and macOS).
-floor-predicted samples/s: global batch / (slowest compute + k x the gloo-floor all-reduce of the
-same run, over the same link), k = the strategy's transfers of the model per step (1 for an
-all-reduce, 2 for a parameter server: gradient up, then weights down): what the link allows a
-synchronous strategy;
-vs predicted: the measured samples/s over it.
-on the gloo-floor row it is one raw gloo all-reduce of the model's 4.8 MB flat buffer between the
-reference worker's node and the next worker's (the workers' own path), measured in the same run; on
-the ps-floor row one round trip of that buffer over a direct TCP channel between the same two
-processes, up and back down (a parameter server's gradient up, then weights down). "vs floor"
-divides a row's sync overhead by its own pattern's floor: the ps-floor for the parameter-server rows
-(ray-ps, ray-ps-async, ray-localsgd, dask-sync), the gloo-floor for the others. startup s: a row's
-own processes and data; Ray starts once per run, before the rows (ray_startup_s in the records).
-time to target: training clock (evaluation excluded) until the test accuracy first reached the
-config's target_accuracy, median over the evaluated repeats; steps to target (--wide, CSV): the same
-in steps. Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is
-within fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each
+# What the columns do not say themselves: the floor rows, the accuracy checks, the verdict's pairing.
+NOTES = """\
+On the gloo-floor row: one raw all-reduce of the model's 4.8 MB flat buffer between the reference
+worker's node and the next worker's (the workers' own path), measured in the same run; on the
+ps-floor row one round trip of that buffer over a direct TCP channel between the same two
+processes, up and back down (a parameter server's gradient up, then weights down).
+Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is within
+fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each
 evaluated repeat with the baseline's on the same seed, and claims a time gain only where the pairs'
 median gain exceeds the widest check interval around a crossing plus the gains' spread (their range
 for 3-5 repeats; with more, the width of the 75% interval for their median)."""
+
+LEGEND = "\n".join(
+    [
+        "The CSV and `hetbench report --wide` hold every column; the table shows those that answer.",
+        *(textwrap.fill(f"{c.name}: {c.legend}.", 100) for c in TABLE if c.legend),
+        NOTES,
+    ]
+)

@@ -1,0 +1,200 @@
+"""The table's columns, each once: its name, how its value comes from a record, how it is written,
+whether the default (narrow) table shows it, and what it means. The CSV and `--wide` show them all
+in this order; a new column is one entry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hetbench.floor import FLOORS
+from hetbench.results.plots import scaling_figure
+from hetbench.strategies.registry import BASELINE
+
+
+@dataclass(frozen=True)
+class Row:
+    """What a column reads: one record among its run's."""
+
+    record: dict
+    baseline: dict | None  # the single row (measured), if the run has one
+    floor: dict | None  # the gloo-floor record with a figure, if the run has one
+    own_floor_s: float | None  # the floor this row is judged against (its own pattern's)
+    predicted: tuple  # (floor-predicted samples/s, measured over it), or (None, None)
+
+    @property
+    def step(self) -> dict:
+        return self.record.get("step") or {}
+
+    @property
+    def overhead_s(self) -> float | None:
+        """A floor row's own figure; a strategy row's sync overhead; none for the baseline."""
+        r = self.record
+        if r["strategy"] in FLOORS:
+            return r.get("allreduce_s") or r.get("roundtrip_s")
+        return None if r["strategy"] == BASELINE else self.step.get("sync_overhead_s")
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    value: Callable[[Row], object]
+    form: str = "number"  # number | percent | ratio | text: how a float is written
+    narrow: bool = False  # shown in the default table
+    beside: str | None = None  # in the narrow table, the column written beside this one ...
+    beside_form: str = "{} ({})"  # ... this way (its header too)
+    legend: str = ""  # what it means, for the tables' legend
+
+    def cell(self, value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, float):
+            if self.form == "percent":
+                return f"{value:.1%}"
+            if self.form == "ratio":
+                return f"{value:.2f}x"
+            return f"{value:,.1f}" if abs(value) >= 10 else f"{value:.2f}"
+        return str(value)
+
+    @property
+    def header(self) -> str:
+        """Its narrow table's header (the wide one is the name)."""
+        return self.beside_form.format(self.name, self.beside) if self.beside else self.name
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1000
+
+
+def _positive_ms(seconds):
+    return _ms(seconds) if seconds else None
+
+
+def _vs_baseline(row: Row):
+    r, base = row.record, row.baseline
+    return r["samples_per_s"] / base["samples_per_s"] if base and r.get("samples_per_s") else None
+
+
+def _vs_floor(row: Row):
+    overhead = row.overhead_s
+    return overhead / row.own_floor_s if row.own_floor_s and overhead is not None else None
+
+
+def _status(row: Row) -> str:
+    r = row.record
+    return r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else "")
+
+
+def _cv(row: Row):
+    r = row.record
+    return r.get("samples_per_s_cv", r.get("allreduce_cv", r.get("roundtrip_cv")))
+
+
+def columns(workers: Callable[[dict], str], balance: Callable[[dict], str | None]) -> list[Column]:
+    """Every column in order; `workers` and `balance` write those two cells (report.py owns them)."""
+    return [
+        Column("strategy", lambda row: row.record["strategy"], "text", narrow=True),
+        Column(
+            "balance",
+            lambda row: balance(row.record),
+            "text",
+            narrow=True,
+            legend="how the global batch was split (equal; proportional to configured speeds; auto: to the speeds "
+            "measured alone, then once more by those of the warm-up steps; 're-split Nx': rebalance_every "
+            "re-split it N times more); the workers column shows the last split",
+        ),
+        Column(
+            "workers",
+            lambda row: workers(row.record),
+            "text",
+            narrow=True,
+            legend="each worker's device and batch; '(slowed Nx)' an emulated slow worker; [gloo] / [tcp] the "
+            "collective its torch.distributed group formed on (auto: gloo where every rank runs one operating "
+            "system on a device gloo takes, else hetbench's TCP group, as between Linux and macOS)",
+        ),
+        Column(
+            "samples/s",
+            lambda row: row.record.get("samples_per_s"),
+            narrow=True,
+            beside="CV",
+            beside_form="{} ± {}",
+            legend="global training throughput, median over repeats (CV across them); warm-up steps excluded",
+        ),
+        Column("CV", _cv, "percent"),
+        Column(
+            "vs baseline",
+            _vs_baseline,
+            "ratio",
+            narrow=True,
+            legend="samples/s over the best machine alone (the single row)",
+        ),
+        Column(
+            "scaling eff",
+            lambda row: scaling_figure(row.record),
+            "percent",
+            narrow=True,
+            legend="samples/s over the sum of the workers' samples/s when each trains alone on the whole batch in "
+            "the same run (the median of its timings just before and after the row); 'drift': above 100%, the "
+            "machine's speed moved between those timings and the row",
+        ),
+        Column(
+            "compute ms",
+            lambda row: _ms(row.step.get("compute_s")),
+            legend="per-step median of the slowest worker's compute",
+        ),
+        Column(
+            "comm ms",
+            lambda row: _ms(row.step.get("comm_s")),
+            legend="of moving and combining gradients or weights",
+        ),
+        Column(
+            "update ms",
+            lambda row: _positive_ms(row.step.get("update_s")),
+            legend="the part of comm a parameter server spends combining the gradients and stepping",
+        ),
+        Column(
+            "optimizer ms",
+            lambda row: _positive_ms(row.step.get("optimizer_s")),
+            legend="of that, the optimizer step",
+        ),
+        Column("wait ms", lambda row: _ms(row.step.get("wait_s")), legend="the fastest worker idling for the slowest"),
+        Column(
+            "sync overhead ms",
+            lambda row: _ms(row.overhead_s),
+            narrow=True,
+            beside="vs floor",
+            legend="step time - slowest compute - a parameter server's optimizer step (work single's step does "
+            "too) (ray-ps-async, with no barrier: a worker's own wait for fresh weights after each batch); on a "
+            "floor row, its own figure",
+        ),
+        Column(
+            "vs floor",
+            _vs_floor,
+            "ratio",
+            legend="a row's sync overhead over its own pattern's floor: the ps-floor for the parameter-server rows "
+            "(ray-ps, ray-ps-async, ray-localsgd, dask-sync), the gloo-floor for the others",
+        ),
+        Column(
+            "floor-predicted samples/s",
+            lambda row: row.predicted[0],
+            legend="global batch / (slowest compute + k x the gloo-floor all-reduce of the same run), k = the "
+            "strategy's transfers of the model per step (1 for an all-reduce, 2 for a parameter server): what "
+            "the link allows a synchronous strategy",
+        ),
+        Column("vs predicted", lambda row: row.predicted[1], "ratio", legend="the measured samples/s over it"),
+        Column("test acc", lambda row: row.record.get("final_accuracy"), "percent", narrow=True),
+        Column(
+            "time to target s",
+            lambda row: row.record.get("time_to_target_s"),
+            narrow=True,
+            legend="training clock (evaluation excluded) until the test accuracy first reached target_accuracy, "
+            "median over the evaluated repeats",
+        ),
+        Column("steps to target", lambda row: row.record.get("steps_to_target"), legend="the same in steps"),
+        Column(
+            "startup s",
+            lambda row: row.record.get("startup_s"),
+            legend="a row's own processes and data (Ray starts once per run, before the rows: ray_startup_s)",
+        ),
+        Column("status", _status, "text", narrow=True),
+    ]
