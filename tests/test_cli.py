@@ -222,7 +222,7 @@ def test_worker_refuses_a_head_nothing_answers_at(cli):
 
 
 def test_worker_refuses_version_mismatch_in_one_sentence():
-    from hetbench.cluster.join_checks import check_versions, versions
+    from hetbench.cluster.admission import check_versions, versions
     from hetbench.errors import UserError
 
     mine = versions()

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from helpers import REPO
-from hetbench.cluster.join_checks import check_token
+from hetbench.cluster.admission import check_token
 from hetbench.cluster.nodes import COLLECTIVE_PORTS, DASK_WORKER_PORT, DIRECT_PORT, RAY_NODE_PORTS, fixed_port_args
 from hetbench.cluster.worker import node_commands, node_environments
 from hetbench.errors import UserError
@@ -93,7 +93,7 @@ def test_a_missing_or_empty_token_file_is_one_sentence(tmp_path, monkeypatch):
 def test_a_port_nothing_answers_at_is_named_as_blocked():
     import socket
 
-    from hetbench.cluster.join_checks import unreachable
+    from hetbench.cluster.admission import unreachable
 
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -117,7 +117,7 @@ def test_the_smoke_opens_macos_ephemeral_range_for_gloo_and_the_docs_name_it():
 def test_a_head_that_reaches_this_machines_ephemeral_ports_gives_no_gloo_warning():
     from distributed import LocalCluster
 
-    from hetbench.cluster.join_checks import gloo_warning
+    from hetbench.cluster.admission import gloo_warning
 
     with LocalCluster(n_workers=0, processes=False, scheduler_port=0, dashboard_address=None) as cluster:
         assert gloo_warning("127.0.0.1", cluster.scheduler_address, 5.0) is None
@@ -146,7 +146,7 @@ def test_the_group_check_forms_the_backend_the_rows_will_and_names_a_failure_in_
     from distributed import LocalCluster
 
     from hetbench.cluster import collective
-    from hetbench.cluster.join_checks import check_group
+    from hetbench.cluster.admission import check_group
 
     with LocalCluster(n_workers=0, processes=False, scheduler_port=0, dashboard_address=None) as cluster:
         assert check_group("127.0.0.1", cluster.scheduler_address, 30.0) == "gloo"  # both ends Linux

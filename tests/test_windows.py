@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from helpers import assert_one_line_error
-from hetbench.cluster import join_checks, wsl
+from hetbench.cluster import admission, wsl
 from hetbench.errors import UserError
 
 LINUX = "6.1.0-18-amd64"
@@ -99,10 +99,10 @@ def test_compose_checks_the_desktop_before_anything_starts():
 
 def test_the_mac_names_the_hyperv_rule_when_the_head_it_cannot_reach_is_a_wsl2_desktop():
     who = "this machine cannot reach the head at 192.168.1.23"
-    blocked = join_checks.blocked_message(who, [6380], "the desktop's", wsl2_head=True)
+    blocked = admission.blocked_message(who, [6380], "the desktop's", wsl2_head=True)
     assert blocked.startswith(f"{who} on port 6380 (Ray node manager): let it through the desktop's firewall")
     assert blocked.endswith(f"open its Hyper-V firewall too (administrator PowerShell): {wsl.HYPERV_RULE}")
-    assert "Hyper-V" not in join_checks.blocked_message(who, [6380], "the desktop's", wsl2_head=False)
+    assert "Hyper-V" not in admission.blocked_message(who, [6380], "the desktop's", wsl2_head=False)
 
 
 def test_the_head_says_whether_it_is_a_wsl2_desktop(monkeypatch, tmp_path):

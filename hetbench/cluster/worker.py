@@ -18,7 +18,7 @@ import tempfile
 import time
 
 from hetbench.cluster.addresses import check_reachable, interface_of, route_address
-from hetbench.cluster.join_checks import (
+from hetbench.cluster.admission import (
     check_both_directions,
     check_group,
     check_machine,

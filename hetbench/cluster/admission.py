@@ -193,7 +193,7 @@ async def start_group_rank_zero(head: str, timeout_s: float) -> int | None:
     import asyncio
     import subprocess
 
-    code = f"from hetbench.cluster.join_checks import group_rank_zero; group_rank_zero({head!r}, {timeout_s!r})"
+    code = f"from hetbench.cluster.admission import group_rank_zero; group_rank_zero({head!r}, {timeout_s!r})"
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = await asyncio.wait_for(asyncio.get_running_loop().run_in_executor(None, proc.stdout.readline), timeout_s)
