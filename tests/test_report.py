@@ -181,3 +181,21 @@ def test_the_readmes_column_table_names_every_column_of_the_default_table():
     body = readme[readme.index("| column | meaning |") :].split("\n\n")[0].splitlines()[2:]
     named = {name for line in body for name in line.split("|")[1].strip().split(", ")}
     assert named == {c.header for c in TABLE if c.narrow} - {"strategy", "status"}
+
+
+def test_the_step_plot_shows_the_longest_bar_whole_and_its_legend_beside_the_bars():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hetbench.results.plots import _step_breakdown
+
+    single = record("single", 900.0, step={"compute_s": 0.138, "comm_s": 0.0, "wait_s": 0.0})
+    ddp = record("torch-ddp", 1400.0, step={"compute_s": 0.077, "comm_s": 0.005, "wait_s": 0.004})
+    floor = {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.005, "workers": []}
+    fig, ax = plt.subplots()
+    _step_breakdown(ax, [single, ddp], [single, ddp, floor])
+    assert ax.get_xlim()[1] > 138 * 1.01  # single's 138 ms bar does not end at the axis' edge
+    assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1
+    plt.close(fig)

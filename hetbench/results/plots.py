@@ -109,6 +109,7 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
         widths = [max(0.0, x) * 1000 for x in seconds]
         ax.barh(labels, widths, left=left, color=color, label=name)
         left = [a + b for a, b in zip(left, widths)]
+    ends = [*left]
     for name, key, style, what in (
         (FLOOR_NAME, "allreduce_s", ":", "all-reduce"),
         (PS_FLOOR_NAME, "roundtrip_s", "--", "round trip"),
@@ -116,9 +117,11 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
         floor = next((r for r in records if r["strategy"] == name and r.get(key)), None)
         if floor:
             ax.axvline(floor[key] * 1000, color="k", linestyle=style, label=f"{name} {what}")
+            ends.append(floor[key] * 1000)
     ax.invert_yaxis()
+    ax.set_xlim(0, max(ends, default=0) * 1.05 or 1)  # bars end at their data: autoscale left no margin there
     ax.set_xlabel("ms per global step (medians)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)  # beside the bars, never over one
     ax.set_title("Where each step's time goes")
 
 
