@@ -138,6 +138,10 @@ class RunConfig:
     wire_dtype: Literal["float32", "bfloat16", "float16"] = setting(
         "float32", "gradients, weights and deltas between machines: float32 | bfloat16 | float16"
     )
+    precision: Literal["fp32", "tf32"] = setting(
+        "fp32",
+        "float32 math on CUDA: fp32 (TF32 off: a synchronous step equals a single-device one) | tf32 (cuDNN's default)",
+    )
     seed: int = setting(0, "model init, batch order and synthetic data")
     balance: tuple[Balance, ...] = setting(
         ("equal",), "per-worker batch split, one scenario each: equal | proportional | auto"

@@ -67,6 +67,17 @@ def describe(device: torch.device) -> str:
     return str(device)
 
 
+def set_precision(precision: str) -> dict:
+    """float32 math as `precision` says (run.precision), in this process, before its first kernel:
+    fp32 turns TF32 off in cuDNN's convolutions and cuBLAS's matmuls (cuDNN's is on by default on
+    Ampere and later, and two ranks' partial batches then round differently from one batch), tf32
+    turns both on. What a worker's record keeps: the setting and cuDNN's autotuner's."""
+    tf32 = precision == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    return {"precision": precision, "cudnn_benchmark": torch.backends.cudnn.benchmark}
+
+
 def configure_threads(threads: int, processes_sharing_host: int = 1) -> None:
     """Set torch's intra-op threads: `threads`, or for 0 this host's usable cores split among its training processes."""
     torch.set_num_threads(threads or max(1, usable_cores() // processes_sharing_host))

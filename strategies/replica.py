@@ -15,7 +15,7 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
 from hetbench.data import cached_mnist
-from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
+from hetbench.devices import configure_threads, keep_freed_memory, resolve_device, set_precision
 from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
@@ -52,6 +52,7 @@ class Replica:
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
         configure_threads(job.run.threads, threads_share)
         keep_freed_memory()
+        math = set_precision(job.run.precision)
         self.job, self.rank = job, rank
         self.spec = job.workers[rank]
         self.batches = [w.batch for w in job.workers]
@@ -70,6 +71,7 @@ class Replica:
             "batch": self.spec.batch,
             "slowdown": self.spec.slowdown,
             "data": train.fingerprint(),  # the driver refuses workers that differ (data.check_same_data)
+            **math,  # the float32 math it trained in, and whether cuDNN autotuned
         }
 
     def resplit(self, batches: list[int], rank: int) -> None:

@@ -70,3 +70,20 @@ def test_nvidia_smi_is_read_per_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
     assert device_check.nvidia_smi(1) == {"name": "Quadro P4000", "driver": "580.65.06", "capability": "6.1"}
     assert device_check.nvidia_smi(2) is None
+
+
+def test_precision_sets_tf32_off_or_on_and_is_what_a_worker_reports(tmp_path):
+    import torch
+
+    from helpers import small_config
+    from hetbench.devices import set_precision
+
+    assert small_config(tmp_path).run.precision == "fp32"  # a synchronous step equals a single-device step
+    try:
+        assert set_precision("tf32")["precision"] == "tf32"
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+        assert set_precision("fp32") == {"precision": "fp32", "cudnn_benchmark": torch.backends.cudnn.benchmark}
+        assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    finally:
+        set_precision("tf32")  # torch's own defaults: cuDNN's TF32 on, cuBLAS's off
+        torch.backends.cuda.matmul.allow_tf32 = False

@@ -32,6 +32,7 @@ def test_the_baseline_and_the_floor_run_on_the_workers_nodes_not_the_driver(tmp_
     assert worker["pid"] != os.getpid()
     # the threads `m` has in the distributed rows: in a joined cluster, its node's cores (it is alone there)
     assert worker["threads"] == usable_cores()
+    assert (worker["precision"], worker["cudnn_benchmark"]) == ("fp32", False)  # the math it trained in
     assert single["reference"] == {"worker": "m", "chosen_by": "first configured worker"}
     assert floor["status"] == "ok" and floor["allreduce_s"] > 0
     assert floor["path"]["between"] == ["m", "d"] and floor["path"]["nodes"] == ["mac", "desktop"]
