@@ -172,16 +172,18 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                 judged = brackets.before(scenario.strategy != registry.BASELINE)  # its workers timed alone first
                 base = base_row(scenario.strategy, row_cfg.as_dict(), scenario.fields(row_cfg), env)
                 try:
+                    # a judged row's scaling is against its brackets, computed once they are timed
+                    alone_speeds = None if judged else standalone
                     record = run_strategy(
-                        scenario, row_cfg, base, evaluate, standalone, out.checkpoints, cluster, where
+                        scenario, row_cfg, base, evaluate, alone_speeds, out.checkpoints, cluster, where
                     )
                 except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
                     out.add(failed_row(base, str(e)))
                     failed.append(str(e))
                     log.warning("%s failed: %s; going on with the next row", scenario.label, e)
                     continue
-                if judged and "scaling_efficiency" in record:
-                    bracketed(record, *brackets.after())
+                if judged and record["status"] == "ok":
+                    record = bracketed(record, *brackets.after())
                 record["cluster_startup_s"] = cluster_startup_s
                 record["ray_startup_s"] = ray_startup_s  # once for the run, before every row: no row's startup
                 if reference:

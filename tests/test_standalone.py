@@ -43,8 +43,10 @@ def test_a_row_is_judged_by_its_own_bracket_and_the_table_shows_each_timing_once
     workers = [{"name": "a", "batch": 48}, {"name": "b", "batch": 16}]
     first = {"strategy": "ray-ps", "samples_per_s": 110.0, "workers": [dict(w) for w in workers]}
     second = {"strategy": "dask-sync", "samples_per_s": 99.0, "workers": [dict(w) for w in workers]}
-    bracketed(first, {"a": [100.0], "b": [10.0]}, {"a": [120.0], "b": [20.0]})
-    bracketed(second, {"a": [120.0], "b": [20.0]}, {"a": [80.0], "b": [10.0]})
+    row = dict(first)
+    first = bracketed(first, {"a": [100.0], "b": [10.0]}, {"a": [120.0], "b": [20.0]})
+    second = bracketed(second, {"a": [120.0], "b": [20.0]}, {"a": [80.0], "b": [10.0]})
+    assert row == {"strategy": "ray-ps", "samples_per_s": 110.0, "workers": workers}  # the row itself: unchanged
     assert [w["standalone_samples_per_s"] for w in first["workers"]] == [110.0, 15.0]
     assert first["scaling_efficiency"] == pytest.approx(110.0 / 125.0)
     assert second["scaling_efficiency"] == pytest.approx(99.0 / 115.0)

@@ -124,19 +124,25 @@ def target_bracket_s(curve: list[dict], target: float) -> float | None:
 
 
 def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: dict | None) -> dict:
-    """Scaling efficiency: measured throughput over the sum of the workers' throughputs alone."""
+    """Scaling efficiency: measured throughput over the sum of the workers' throughputs alone; the
+    workers with their own figure alone (new dicts: the record's are not changed)."""
     if name == BASELINE or not standalone:
         return {}
-    for w in workers:
-        w["standalone_samples_per_s"] = standalone[w["name"]]
+    workers = [{**w, "standalone_samples_per_s": standalone[w["name"]]} for w in workers]
     alone_sum = sum(w["standalone_samples_per_s"] for w in workers)
-    return {"standalone_sum_samples_per_s": alone_sum, "scaling_efficiency": samples_per_s / alone_sum}
+    return {
+        "workers": workers,
+        "standalone_sum_samples_per_s": alone_sum,
+        "scaling_efficiency": samples_per_s / alone_sum,
+    }
 
 
-def bracketed(record: dict, before: dict, after: dict) -> None:
-    """Scaling efficiency against each worker timed alone just before and just after the row (the
-    median of both: standalone.Brackets), so the machine's drift moves the reference with the row."""
-    record.update(
-        scaling(record["strategy"], record["workers"], record["samples_per_s"], speeds(before, after)),
-        standalone_timings={name: {"before": before[name], "after": after[name]} for name in before},
-    )
+def bracketed(record: dict, before: dict, after: dict) -> dict:
+    """The record with its scaling efficiency against each worker timed alone just before and just
+    after the row (the median of both: standalone.Brackets), so the machine's drift moves the
+    reference with the row; the row's own record (strategy_row) computed none."""
+    return {
+        **record,
+        **scaling(record["strategy"], record["workers"], record["samples_per_s"], speeds(before, after)),
+        "standalone_timings": {name: {"before": before[name], "after": after[name]} for name in before},
+    }
