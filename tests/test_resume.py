@@ -102,3 +102,25 @@ def test_resume_refuses_what_it_cannot_continue(cli, tmp_path):
     ]:
         (kept / "run.json").write_text(text)
         assert_one_line_error(cli("run", "--resume", "broken", "--results-dir", str(tmp_path)), message)
+
+
+class Planted:
+    """What a foreign checkpoint could carry: an object whose unpickling would run its code."""
+
+    def __reduce__(self):
+        return (print, ("ran code from a checkpoint",))
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_in_one_sentence(tmp_path):
+    import torch
+
+    from hetbench.errors import UserError
+    from hetbench.results.checkpoints import RunCheckpoints
+
+    kept = RunCheckpoints(str(tmp_path), "run")
+    kept.dir.mkdir(parents=True)
+    torch.save({"progress": Planted()}, kept.dir / "single.pt")
+    with pytest.raises(
+        UserError, match=r"^checkpoint .*single\.pt cannot be read: it holds objects other than tensors"
+    ):
+        kept.load("single")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import json
+import pickle
 from dataclasses import asdict
 from pathlib import Path
 
@@ -62,9 +63,14 @@ class RunCheckpoints:
         if not path.exists():
             return None
         try:
-            return torch.load(path, weights_only=False)
+            return torch.load(path, weights_only=True)  # tensors and plain data: a file cannot run code
+        except pickle.UnpicklingError:
+            raise UserError(
+                f"checkpoint {path} cannot be read: it holds objects other than tensors and plain data "
+                "(hetbench writes none: not one of its checkpoints)"
+            ) from None
         except Exception as e:  # truncated or foreign file: say which
-            raise UserError(f"checkpoint {path} cannot be read: {e}") from None
+            raise UserError(f"checkpoint {path} cannot be read: {str(e).strip().splitlines()[0]}") from None
 
     def remove(self, key: str) -> None:
         (self.dir / f"{key}.pt").unlink(missing_ok=True)
