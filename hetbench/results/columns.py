@@ -12,6 +12,11 @@ from hetbench.results.plots import scaling_figure
 from hetbench.strategies.registry import BASELINE
 
 
+def floor_seconds(record: dict) -> float | None:
+    """A floor row's figure: one all-reduce (gloo-floor), one round trip (ps-floor)."""
+    return record.get("allreduce_s") or record.get("roundtrip_s")
+
+
 @dataclass(frozen=True)
 class Row:
     """What a column reads: one record among its run's."""
@@ -31,7 +36,7 @@ class Row:
         """A floor row's own figure; a strategy row's sync overhead; none for the baseline."""
         r = self.record
         if r["strategy"] in FLOORS:
-            return r.get("allreduce_s") or r.get("roundtrip_s")
+            return floor_seconds(r)
         return None if r["strategy"] == BASELINE else self.step.get("sync_overhead_s")
 
 

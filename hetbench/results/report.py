@@ -13,7 +13,7 @@ from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
-from hetbench.results.columns import Column, Row, columns
+from hetbench.results.columns import Column, Row, columns, floor_seconds
 from hetbench.results.plots import write_plots
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
@@ -27,10 +27,6 @@ def ordered(records: list[dict]) -> list[dict]:
     return sorted(records, key=lambda r: rank.get(r["strategy"], 2))
 
 
-def _ms(seconds):
-    return None if seconds is None else seconds * 1000
-
-
 def _floor_path(record: dict) -> str:
     """Where the floor's two processes ran: between which workers' nodes, over which link."""
     path = record.get("path")
@@ -42,11 +38,6 @@ def _floor_path(record: dict) -> str:
     if path["ips"][0] == path["ips"][1]:
         return f"{a} <-> {b}, one host ({path['ips'][0]})"
     return f"{a} ({path['ips'][0]}) <-> {b} ({path['ips'][1]}){over}"
-
-
-def floor_seconds(record: dict) -> float | None:
-    """A floor row's figure: one all-reduce (gloo-floor), one round trip (ps-floor)."""
-    return record.get("allreduce_s") or record.get("roundtrip_s")
 
 
 def own_floor_s(record: dict, records: list[dict]) -> float | None:
