@@ -19,6 +19,7 @@ from hetbench.gradients import count_parameters
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.output import RunOutput, reopened
+from hetbench.results.record import FloorRecord, Record, Reference, RowRecord, from_json
 from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
 from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
@@ -36,20 +37,20 @@ log = logging.getLogger(__name__)
 def run_strategy(
     scenario: Scenario,
     cfg: Config,
-    base: dict,
+    base: RowRecord,
     evaluate: Evaluator,
     standalone: dict | None = None,
     checkpoints: RunCheckpoints | None = None,
     cluster=None,
     label: str | None = None,
-) -> dict:
+) -> RowRecord:
     """One row: the strategy started (its startup timed apart), its repeats, closed; its record,
     which starts as `base` (results/rows.py)."""
     name = scenario.strategy
     try:
         cls = registry.load(name)
     except ImportError as e:
-        return {**base, "status": "skipped", "reason": str(e), "workers": []}
+        return replace(base, status="skipped", reason=str(e))
     strategy, schedule = cls(cfg.job(name)), Schedule.of(cfg.run)
     faults, notes = faults_for(cls, cfg), skipped_features(cls, cfg)
     saved = checkpoints.load(scenario.key) if checkpoints else None
@@ -84,13 +85,13 @@ def run_strategy(
                         cluster=cluster,
                     )
                 )
-        workers, extras = strategy.worker_info(), strategy.record_extras()
+        workers, extras = strategy.worker_info(), {**notes, **strategy.record_extras()}
     finally:
         strategy.close()
         for fault in faults:  # a killed or cut-off node comes back for the scenarios after this one
             if fault.kill in ("node", "link"):
                 cluster.revive(fault.target)
-    return {**strategy_row(base, strategy, workers, repeats, startup_s, standalone), **notes, **extras}
+    return strategy_row(base, strategy, workers, repeats, startup_s, standalone, extras)
 
 
 def saver(checkpoints: RunCheckpoints, key: str, done: list[dict]):
@@ -124,15 +125,16 @@ def via(name: str) -> str | None:
         return None
 
 
-def run_floors(cfg: Config, env: dict) -> list[dict]:
+def run_floors(cfg: Config, env: dict) -> list[FloorRecord]:
     """The gloo-floor's and the ps-floor's records, from one measurement: both failed where the floor's
     processes failed, the ps-floor alone where it could not connect (measure_floor says so)."""
-    base = {"config": redacted(cfg.as_dict()), "env": env, "workers": []}
+    base = {"config": redacted(cfg.as_dict()), "env": env}
     try:
         figures = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
     except RunFailed as e:
-        return [{"strategy": name, **base, "status": "failed", "reason": str(e)} for name in FLOORS]
-    return [{"strategy": name, **base, "status": "ok", **f} for name, f in zip(FLOORS, figures)]
+        figures = [{"status": "failed", "reason": str(e)}] * len(FLOORS)
+    # floor.py's figures read as a record reads (record.from_json: the floors' JSON names)
+    return [from_json({"strategy": name, **base, "status": "ok", **f}) for name, f in zip(FLOORS, figures)]
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
@@ -182,15 +184,17 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                     failed.append(str(e))
                     log.warning("%s failed: %s; going on with the next row", scenario.label, e)
                     continue
-                if judged and record["status"] == "ok":
+                if judged and record.status == "ok":
                     record = bracketed(record, *brackets.after())
-                record["cluster_startup_s"] = cluster_startup_s
-                record["ray_startup_s"] = ray_startup_s  # once for the run, before every row: no row's startup
-                if reference:
-                    record["reference"] = reference
+                record = replace(
+                    record,
+                    cluster_startup_s=cluster_startup_s,
+                    ray_startup_s=ray_startup_s,  # once for the run, before every row: no row's startup
+                    reference=Reference(**reference) if reference else None,
+                )
                 out.add(record, scenario.key)
-                if record["status"] == "skipped":
-                    log.info("skipped %s: %s", scenario.label, record["reason"])
+                if record.status == "skipped":
+                    log.info("skipped %s: %s", scenario.label, record.reason)
             if line := alone(out.records).strip():
                 log.info(line)
             if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
@@ -204,9 +208,12 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     return out.file
 
 
-def recorded(records: list[dict], scenario: Scenario) -> bool:
+def recorded(records: list[Record], scenario: Scenario) -> bool:
     """Whether this row's record is already in the run (a resumed run skips it)."""
-    return any(r["strategy"] == scenario.strategy and r.get("balance") == scenario.balance for r in records)
+    return any(
+        r.strategy == scenario.strategy and (isinstance(r, FloorRecord) or r.balance == scenario.balance)
+        for r in records
+    )
 
 
 def resume_run(run_id: str, results_dir: str) -> RecordFile:

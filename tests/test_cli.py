@@ -161,8 +161,27 @@ def test_report_of_a_missing_or_foreign_file(cli, tmp_path):
             "workers[0].compute_s must be a list of numbers",
         ),
         ('[{"strategy": "single", "status": 1}]', "record 1 (single): status must be text, got int 1"),
+        ('[{"strategy": "single", "step": [1]}]', "record 1 (single): step must be an object, got list [1]"),
+        ('[{"strategy": "single", "schema": 9}]', "schema 9 is not one this hetbench reads (1 to 2)"),
+        ('[{"strategy": "single", "workers": [{"batch": 8}]}]', "record 1 (single): a worker has no name"),
+        (
+            '[{"strategy": "single", "accuracy_curve": [{"step": 1}]}]',
+            "record 1 (single): a part of it is incomplete",
+        ),
     ],
-    ids=["key-twice", "recursion-deep", "deep", "figure-text", "workers-not-list", "nested-figure", "status-number"],
+    ids=[
+        "key-twice",
+        "recursion-deep",
+        "deep",
+        "figure-text",
+        "workers-not-list",
+        "nested-figure",
+        "status-number",
+        "step-not-object",
+        "newer-schema",
+        "worker-unnamed",
+        "curve-point-short",
+    ],
 )
 def test_a_record_whose_structure_or_types_are_wrong_is_one_sentence(cli, tmp_path, text, message):
     path = tmp_path / "r.json"

@@ -189,4 +189,4 @@ def test_a_renamed_strategy_loads_under_its_old_name_in_configs_and_records(tmp_
     assert cfg.run.strategies == ("single", "ray-train") and cfg.options["ray-train"]["max_failures"] == 3
     records = tmp_path / "old.json"
     records.write_text(json.dumps([{"strategy": "ray-train-gloo", "status": "ok"}]))
-    assert [r["strategy"] for r in read_records([str(records)])] == ["ray-train"]
+    assert [r.strategy for r in read_records([str(records)])] == ["ray-train"]

@@ -3,8 +3,13 @@ wire changes on one link (a narrower dtype, torch-ddp's PowerSGD)."""
 
 import json
 
-from helpers import assert_one_line_error
-from hetbench.results.links import by_link, links_markdown, write_links
+from helpers import assert_one_line_error, typed
+from hetbench.results import links
+from hetbench.results.links import links_markdown, write_links
+
+
+def by_link(runs):
+    return links.by_link([typed(run) for run in runs])
 
 
 def run(rate, gloo_sps, gloo_comm_s, wire="float32", name=None, compression="none", to_target=None, final=0.94):
@@ -96,7 +101,7 @@ def test_report_links_writes_the_table_and_the_plot_and_refuses_a_run_without_a_
     )
     both = cli("report", "--links", "--wide", str(files[0]))
     assert both.returncode == 2 and "not allowed with argument --links" in both.stderr
-    assert by_link([run("1gbit", 3500.0, 0.01)])[0][0]["strategy"] == "single"
+    assert by_link([run("1gbit", 3500.0, 0.01)])[0][0].strategy == "single"
     write_links(by_link([run("10gbit", 3600.0, 0.004)]), str(tmp_path), "one")
     assert "10gbit" in (tmp_path / "one.md").read_text()
 
@@ -115,8 +120,9 @@ def test_a_cell_shows_its_range_over_the_repeats_and_pays_only_by_the_verdicts_r
 
     faster = run("wifi", 3500.0, 0.01, to_target=45.0, final=0.95)  # more samples/s, but later to the target
     faster[2]["repeat_samples_per_s"] = [3300.0, 3500.0, 3600.0]
+    faster = typed(faster)
     assert _cell(faster[2], faster) == "3,500 (1.17x, 1.10-1.20x)"
-    sooner = run("wifi", 3500.0, 0.01, to_target=30.0, final=0.94)  # sooner, but a point less accurate
+    sooner = typed(run("wifi", 3500.0, 0.01, to_target=30.0, final=0.94))  # sooner, but a point less accurate
     assert "**pays**" not in _cell(sooner[2], sooner)
-    kept = run("wifi", 3500.0, 0.01, to_target=30.0, final=0.946)  # 0.4 points: within the tolerance
+    kept = typed(run("wifi", 3500.0, 0.01, to_target=30.0, final=0.946))  # 0.4 points: within the tolerance
     assert _cell(kept[2], kept) == "3,500 (1.17x) **pays**"

@@ -5,8 +5,27 @@ import os
 
 import pytest
 
+from helpers import typed
+from hetbench.results import report
+from hetbench.results.record import from_json
 from hetbench.results.records import RecordFile, read_records, redacted
-from hetbench.results.report import COLUMNS, markdown, rows, to_csv, write_tables
+from hetbench.results.report import COLUMNS
+
+
+def rows(records):
+    return report.rows(typed(records))
+
+
+def markdown(records, wide=False):
+    return report.markdown(typed(records), wide)
+
+
+def to_csv(records):
+    return report.to_csv(typed(records))
+
+
+def write_tables(records, results_dir, name):
+    return report.write_tables(typed(records), results_dir, name)
 
 
 def record(strategy, samples_per_s=None, **extra):
@@ -85,12 +104,12 @@ def test_markdown_and_csv_render_the_same_rows():
 def test_record_file_is_new_each_run_and_never_overwrites(tmp_path):
     a, b = RecordFile(str(tmp_path), "x"), RecordFile(str(tmp_path), "x")
     assert a.path != b.path
-    a.add(KNOWN[0])
-    a.add(KNOWN[2])
+    a.add(from_json(KNOWN[0]))
+    a.add(from_json(KNOWN[2]))
     assert [r["strategy"] for r in json.loads(a.path.read_text())] == ["ray-ps", "single"]
     assert b.path.read_text() == ""  # reserved, untouched by the other run
     assert not [p for p in (tmp_path / "raw").iterdir() if p.name.startswith(".")]
-    assert [r["strategy"] for r in read_records([str(a.path)])] == ["ray-ps", "single"]
+    assert [r.strategy for r in read_records([str(a.path)])] == ["ray-ps", "single"]
 
 
 def test_tables_written_next_to_records(tmp_path):
@@ -103,7 +122,7 @@ def test_tables_written_by_root_into_a_users_directory_are_handed_to_that_user(t
     results = tmp_path / "results"
     results.mkdir()
     os.chown(results, 4242, 4343)  # the user's ./results, bind-mounted into the runner's container
-    RecordFile(str(results), "known").add(KNOWN[0])
+    RecordFile(str(results), "known").add(from_json(KNOWN[0]))
     write_tables(KNOWN, str(results), "known")
     written = [results, *results.rglob("*")]
     assert len(written) > 4 and {(p.lstat().st_uid, p.lstat().st_gid) for p in written} == {(4242, 4343)}
@@ -147,11 +166,10 @@ def test_a_worker_that_finished_no_batch_in_most_steps_is_judged_by_those_it_did
     # ray-ps-async at 100 Mbit: the slow worker's batch rides a 0.8 s round trip, so most steps lack it
     timed = [StepTiming({"desk": 0.2, "mac": 0.6 if i % 4 == 0 else 0.0}, 0.0, 0.0, 0.25) for i in range(8)]
     workers = [{"name": "desk", "batch": 192}, {"name": "mac", "batch": 64}, {"name": "lost", "batch": 8}]
-    worker_figures(workers, timed, 2.0, "float32")
-    desk, mac, lost = workers
-    assert desk["compute_s"] == 0.2 and desk["compute_samples_per_s"] == 192 / 0.2
-    assert mac["compute_s"] == 0.6 and mac["compute_samples_per_s"] == 64 / 0.6
-    assert "compute_s" not in lost and lost["wire_bytes_per_step"] > 0
+    desk, mac, lost = worker_figures(workers, timed, 2.0, "float32")
+    assert desk.compute_s == 0.2 and desk.compute_samples_per_s == 192 / 0.2
+    assert mac.compute_s == 0.6 and mac.compute_samples_per_s == 64 / 0.6
+    assert lost.compute_s is None and lost.wire_bytes_per_step > 0
 
 
 def test_a_table_names_the_commit_and_command_that_measured_it(tmp_path):
@@ -195,7 +213,7 @@ def test_the_step_plot_shows_the_longest_bar_whole_and_its_legend_beside_the_bar
     ddp = record("torch-ddp", 1400.0, step={"compute_s": 0.077, "comm_s": 0.005, "wait_s": 0.004})
     floor = {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.005, "workers": []}
     fig, ax = plt.subplots()
-    _step_breakdown(ax, [single, ddp], [single, ddp, floor])
+    _step_breakdown(ax, typed([single, ddp]), typed([single, ddp, floor]))
     assert ax.get_xlim()[1] > 138 * 1.01  # single's 138 ms bar does not end at the axis' edge
     assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1
     plt.close(fig)

@@ -187,15 +187,15 @@ def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_pat
 def test_a_strategy_exchanging_every_few_steps_is_summed_up_by_a_rounds_mean_step():
     quiet, exchange = StepTiming({"w": 0.1}, 0.0, 0.0, 0.1), StepTiming({"w": 0.1}, 0.3, 0.0, 0.4)
     round_of_four = [quiet, quiet, quiet, exchange]
-    assert step_summary(round_of_four)["sync_overhead_s"] == 0  # the median step exchanges nothing
+    assert step_summary(round_of_four).sync_overhead_s == 0  # the median step exchanges nothing
     summary = step_summary(round_of_four, exchange_every=4)
-    assert summary["sync_overhead_s"] == pytest.approx(0.075) and summary["total_s"] == pytest.approx(0.175)
+    assert summary.sync_overhead_s == pytest.approx(0.075) and summary.total_s == pytest.approx(0.175)
 
 
 def test_without_a_barrier_the_overhead_is_the_workers_own_wait_for_fresh_weights():
     # the slow worker finished no batch this step: step time minus the slowest compute would read 0
     step = StepTiming({"fast": 0.006, "slow": 0.0}, comm_s=0.0, wait_s=0.001, total_s=0.006, overhead_s=0.004)
-    assert step.sync_overhead_s == 0.004 and step_summary([step] * 3)["sync_overhead_s"] == pytest.approx(0.004)
+    assert step.sync_overhead_s == 0.004 and step_summary([step] * 3).sync_overhead_s == pytest.approx(0.004)
     barrier = StepTiming({"fast": 0.006, "slow": 0.009}, comm_s=0.002, wait_s=0.003, total_s=0.011)
     assert barrier.sync_overhead_s == pytest.approx(0.002)
 
@@ -211,7 +211,7 @@ def test_a_servers_optimizer_step_is_work_single_does_too_not_overhead(tmp_path)
     step = StepTiming.synchronous({"fast": 0.006, "slow": 0.009}, 0.020, CentralUpdate(0.004, 0.003))
     assert step.comm_s == pytest.approx(0.011)  # the update is still part of the step's comm
     assert step.sync_overhead_s == pytest.approx(0.008)  # less the optimizer step single's step takes too
-    assert step_summary([step] * 3)["optimizer_s"] == pytest.approx(0.003)
+    assert step_summary([step] * 3).optimizer_s == pytest.approx(0.003)
 
 
 def test_the_last_step_of_an_unevaluated_repeat_starts_nothing_ahead(tmp_path):
@@ -252,6 +252,6 @@ def test_a_ps_floor_that_cannot_connect_fails_alone_and_the_gloo_floor_stands(tm
     monkeypatch.setattr(floor, "measure_roundtrips", unreachable)
     cfg = small_config(tmp_path, UNEQUAL, "floor.iterations=3", *shared_cluster.overrides)
     gloo, ps = runner.run_floors(cfg, env={})
-    assert (gloo["strategy"], gloo["status"]) == ("gloo-floor", "ok") and gloo["allreduce_s"] > 0
-    assert (ps["strategy"], ps["status"], ps["reason"]) == ("ps-floor", "failed", reason)
-    assert "roundtrip_s" not in ps and ps["path"] == gloo["path"]
+    assert (gloo.strategy, gloo.status) == ("gloo-floor", "ok") and gloo.seconds > 0
+    assert (ps.strategy, ps.status, ps.reason) == ("ps-floor", "failed", reason)
+    assert ps.seconds is None and ps.path == gloo.path

@@ -4,6 +4,7 @@ import pytest
 
 from helpers import small_config
 from hetbench import standalone
+from hetbench.results.record import from_json
 from hetbench.results.report import alone
 from hetbench.results.rows import bracketed
 
@@ -43,13 +44,13 @@ def test_a_row_is_judged_by_its_own_bracket_and_the_table_shows_each_timing_once
     workers = [{"name": "a", "batch": 48}, {"name": "b", "batch": 16}]
     first = {"strategy": "ray-ps", "samples_per_s": 110.0, "workers": [dict(w) for w in workers]}
     second = {"strategy": "dask-sync", "samples_per_s": 99.0, "workers": [dict(w) for w in workers]}
-    row = dict(first)
-    first = bracketed(first, {"a": [100.0], "b": [10.0]}, {"a": [120.0], "b": [20.0]})
-    second = bracketed(second, {"a": [120.0], "b": [20.0]}, {"a": [80.0], "b": [10.0]})
-    assert row == {"strategy": "ray-ps", "samples_per_s": 110.0, "workers": workers}  # the row itself: unchanged
-    assert [w["standalone_samples_per_s"] for w in first["workers"]] == [110.0, 15.0]
-    assert first["scaling_efficiency"] == pytest.approx(110.0 / 125.0)
-    assert second["scaling_efficiency"] == pytest.approx(99.0 / 115.0)
+    row = from_json(first)
+    first = bracketed(row, {"a": [100.0], "b": [10.0]}, {"a": [120.0], "b": [20.0]})
+    second = bracketed(from_json(second), {"a": [120.0], "b": [20.0]}, {"a": [80.0], "b": [10.0]})
+    assert row == from_json({"strategy": "ray-ps", "samples_per_s": 110.0, "workers": workers})  # unchanged
+    assert [w.standalone_samples_per_s for w in first.workers] == [110.0, 15.0]
+    assert first.scaling_efficiency == pytest.approx(110.0 / 125.0)
+    assert second.scaling_efficiency == pytest.approx(99.0 / 115.0)
     assert alone([first, second]) == (
         "alone, samples/s (each worker timed just before and after each row it judges, in run order): "
         "a 100 -> 120 -> 80; b 10 -> 20 -> 10\n\n"
@@ -58,4 +59,4 @@ def test_a_row_is_judged_by_its_own_bracket_and_the_table_shows_each_timing_once
 
 def test_records_from_before_the_brackets_show_the_runs_start_and_end():
     kept = {"strategy": "ray-ps", "standalone_timings": {"a": {"start": [100.0, 102.0], "end": [90.0, 91.0]}}}
-    assert alone([kept]) == "alone, samples/s (each timing; start of the run -> end): a 100/102 -> 90/91\n\n"
+    assert alone([from_json(kept)]) == "alone, samples/s (each timing; start of the run -> end): a 100/102 -> 90/91\n\n"

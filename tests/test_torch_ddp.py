@@ -69,10 +69,10 @@ def test_powersgd_steps_as_the_rule_until_it_starts_then_records_the_share_it_se
     # steps 0-2 are PowerSGD's plain all-reduces (it starts at 3), weighted as ever; from step 3 on rank-1 factors
     assert torch.allclose(ddp[0], single[0], atol=1e-4, rtol=0)
     assert (ddp[1] - single[1]).abs().max() > 1e-3
-    (row,) = [r for r in run(cfg).records if r["strategy"] == "torch-ddp"]
+    (row,) = [r for r in run(cfg).records if r.strategy == "torch-ddp"]
     fraction = powersgd_fraction(Net(), 1)
-    assert 0.005 < fraction < 0.02 and row["floor_transfers"] == fraction  # ~100x less than the model
+    assert 0.005 < fraction < 0.02 and row.floor_transfers == fraction  # ~100x less than the model
     model_bytes = count_parameters(Net()) * 4
-    assert [w["wire_bytes_per_step"] for w in row["workers"]] == [fraction * model_bytes] * 2
-    assert "PowerSGD at rank 1" in row["table_note"] and "from step 3" in row["table_note"]
-    assert row["config"]["torch-ddp"]["compression"] == "powersgd"
+    assert [w.wire_bytes_per_step for w in row.workers] == [fraction * model_bytes] * 2
+    assert "PowerSGD at rank 1" in row.table_note and "from step 3" in row.table_note
+    assert row.config.of("torch-ddp").compression == "powersgd"

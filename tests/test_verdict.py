@@ -1,6 +1,21 @@
 """The verdict: derived from the records, the answer first, one reason per losing row."""
 
-from hetbench.results.verdict import verdict, what_would_change_it, why_it_loses
+from helpers import typed
+from hetbench.results import verdict as verdicts
+from hetbench.results.record import from_json
+
+
+def verdict(records):
+    return verdicts.verdict(typed(records))
+
+
+def what_would_change_it(best, base, floor):
+    return verdicts.what_would_change_it(from_json(best), from_json(base), from_json(floor))
+
+
+def why_it_loses(record, floor):
+    return verdicts.why_it_loses(from_json(record), from_json(floor))
+
 
 FLOOR = {"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.010, "workers": []}
 
@@ -91,7 +106,7 @@ def test_machines_that_add_no_speed_are_told_so():
     for w in slow["workers"]:
         w["standalone_samples_per_s"] = 1000.0
     assert "add no speed" in what_would_change_it(slow, {**SINGLE, "samples_per_s": 2000.0}, FLOOR)
-    assert why_it_loses({"step": {}}, FLOOR) == "no step timings in its record"
+    assert why_it_loses({"strategy": "ray-ps", "step": {}}, FLOOR) == "no step timings in its record"
 
 
 def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
@@ -99,11 +114,11 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
 
     floor = {**FLOOR, "bytes": 4_800_000, "link": None}
     # no emulated link: the whole measured 10 ms is the fixed part; 100 Mbit/s adds 4.8 MB x 8 / 1e8 = 384 ms
-    assert floor_on(floor, 100e6) == 0.010 + 0.384
+    assert floor_on(from_json(floor), 100e6) == 0.010 + 0.384
     # emulated at 100mbit and measured 394 ms: the same fixed 10 ms, so 10 Gbit/s takes 10 + 3.84 ms
     emulated = {**floor, "allreduce_s": 0.394, "link": {"rate": "100mbit"}}
-    assert abs(floor_on(emulated, 10e9) - 0.01384) < 1e-9
-    text = whatif([SINGLE, floor, ALLREDUCE])
+    assert abs(floor_on(from_json(emulated), 10e9) - 0.01384) < 1e-9
+    text = whatif(typed([SINGLE, floor, ALLREDUCE]))
     # 256 samples split by speed (4,000 samples/s together): 64 ms, plus one all-reduce a step
     (row,) = [line for line in text.splitlines() if line.replace(" ", "").startswith("|ray-train[auto]|256|")]
     assert [cell.strip() for cell in row.split("|")[3:7]] == [
@@ -114,7 +129,7 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
     ]
     assert "ray-train [auto] -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
     assert text.startswith("What if (predictions from this run's measurements, not measured)")
-    assert whatif([SINGLE, ALLREDUCE]) == ""  # no floor: nothing to predict from
+    assert whatif(typed([SINGLE, ALLREDUCE])) == ""  # no floor: nothing to predict from
 
 
 def test_what_if_predicts_each_row_at_its_own_split():
@@ -124,7 +139,7 @@ def test_what_if_predicts_each_row_at_its_own_split():
     equal = row("dask-sync", 1500.0, {"total_s": 0.17, "sync_overhead_s": 0.012, "wait_s": 0.002}, balance="equal")
     equal["workers"] = [{**w, "batch": 128} for w in equal["workers"]]
     # 128 samples on the mac at 1,000 samples/s: 128 ms, not the 64 ms of a split by speed; + 10 ms floor
-    assert predicted(equal, floor, 256, None) == 256 / (0.128 + 0.010)
+    assert predicted(from_json(equal), from_json(floor), 256, None) == 256 / (0.128 + 0.010)
 
 
 def test_what_if_is_checked_against_a_run_over_an_emulated_link():
@@ -133,13 +148,13 @@ def test_what_if_is_checked_against_a_run_over_an_emulated_link():
     floor = {**FLOOR, "bytes": 4_800_000, "link": None}
     linked_floor = {**floor, "allreduce_s": 0.400, "link": {"rate": "100mbit"}}
     linked = row("ray-train", 500.0, {"total_s": 0.5, "sync_overhead_s": 0.4, "wait_s": 0.0})
-    text = against([SINGLE, floor, ALLREDUCE], [linked_floor, linked])
+    text = against(typed([SINGLE, floor, ALLREDUCE]), typed([linked_floor, linked]))
     lines = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:6]] for line in text.splitlines()[4:]}
     # the floor: 10 ms fixed + 384 ms at 100 Mbit/s, against 400 measured
     assert lines["gloo-floor"] == ["-", "394 ms", "400 ms", "-2%"]
     # 256 / (0.064 + 0.394 + 0 own overhead) = 559 predicted, 500 measured
     assert lines["ray-train"] == ["auto", "559", "500", "+12%"]
-    assert against([SINGLE, floor, ALLREDUCE], [linked]) == ""  # the linked run names no rate
+    assert against(typed([SINGLE, floor, ALLREDUCE]), typed([linked])) == ""  # the linked run names no rate
 
 
 def test_times_to_target_within_the_runs_resolution_and_spread_are_said_to_match():
@@ -241,13 +256,25 @@ def test_repeats_that_cannot_be_paired_fall_back_to_the_runs_resolution_and_spre
 
     base = {**SINGLE, **paired([37.0, 40.0, 43.0], [0.5, 0.5, 0.5], 40.0)}
     row = {**ALLREDUCE, **paired([35.0, 38.5, 40.5], [0.5, 0.5, 0.5], 38.5)}
-    assert seeded_pairs(row, base) == [(35.0, 37.0, 0.5, 0.5), (38.5, 40.0, 0.5, 0.5), (40.5, 43.0, 0.5, 0.5)]
-    assert seeded_pairs({**row, "config": {**row["config"], "seed": 7}}, base) is None  # other seeds
-    assert seeded_pairs({**row, "repeat_time_to_target_s": [35.0, 38.5]}, base) is None  # other counts
-    assert seeded_pairs({**row, "repeat_time_to_target_s": [35.0, None, 40.5]}, base) is None  # not reached
-    assert seeded_pairs({**row, "repeat_target_bracket_s": None}, base) is None  # records before brackets
+    assert seeded_pairs(from_json(row), from_json(base)) == [
+        (35.0, 37.0, 0.5, 0.5),
+        (38.5, 40.0, 0.5, 0.5),
+        (40.5, 43.0, 0.5, 0.5),
+    ]
+    assert (
+        seeded_pairs(from_json({**row, "config": {**row["config"], "seed": 7}}), from_json(base)) is None
+    )  # other seeds
+    assert (
+        seeded_pairs(from_json({**row, "repeat_time_to_target_s": [35.0, 38.5]}), from_json(base)) is None
+    )  # other counts
+    assert (
+        seeded_pairs(from_json({**row, "repeat_time_to_target_s": [35.0, None, 40.5]}), from_json(base)) is None
+    )  # not reached
+    assert (
+        seeded_pairs(from_json({**row, "repeat_target_bracket_s": None}), from_json(base)) is None
+    )  # records before brackets
     one = {**row, "repeat_time_to_target_s": [35.0], "repeat_target_bracket_s": [0.5]}
-    assert seeded_pairs(one, {**base, **one}) is None  # one pair is no comparison
+    assert seeded_pairs(from_json(one), from_json({**base, **one})) is None  # one pair is no comparison
     unpaired = {**row, "config": {**row["config"], "seed": 7}}
     assert "as far as this run can tell (38 s and 40 s: within 6.5 s)" in verdict([base, FLOOR, unpaired])[0]
 

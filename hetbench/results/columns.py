@@ -7,37 +7,35 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hetbench.floor import FLOORS
 from hetbench.results.plots import scaling_figure
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step
 from hetbench.strategies.registry import BASELINE
-
-
-def floor_seconds(record: dict) -> float | None:
-    """A floor row's figure: one all-reduce (gloo-floor), one round trip (ps-floor)."""
-    return record.get("allreduce_s") or record.get("roundtrip_s")
 
 
 @dataclass(frozen=True)
 class Row:
     """What a column reads: one record among its run's."""
 
-    record: dict
-    baseline: dict | None  # the single row (measured), if the run has one
-    floor: dict | None  # the gloo-floor record with a figure, if the run has one
+    record: Record
+    baseline: RowRecord | None  # the single row (measured), if the run has one
     own_floor_s: float | None  # the floor this row is judged against (its own pattern's)
     predicted: tuple  # (floor-predicted samples/s, measured over it), or (None, None)
 
     @property
-    def step(self) -> dict:
-        return self.record.get("step") or {}
+    def ran(self) -> RowRecord | None:
+        """The strategy row; None on a floor's."""
+        return self.record if isinstance(self.record, RowRecord) else None
+
+    @property
+    def step(self) -> Step:
+        return (self.ran and self.ran.step) or Step()
 
     @property
     def overhead_s(self) -> float | None:
         """A floor row's own figure; a strategy row's sync overhead; none for the baseline."""
-        r = self.record
-        if r["strategy"] in FLOORS:
-            return floor_seconds(r)
-        return None if r["strategy"] == BASELINE else self.step.get("sync_overhead_s")
+        if isinstance(self.record, FloorRecord):
+            return self.record.seconds
+        return None if self.record.strategy == BASELINE else self.step.sync_overhead_s
 
 
 @dataclass(frozen=True)
@@ -76,8 +74,8 @@ def _positive_ms(seconds):
 
 
 def _vs_baseline(row: Row):
-    r, base = row.record, row.baseline
-    return r["samples_per_s"] / base["samples_per_s"] if base and r.get("samples_per_s") else None
+    r, base = row.ran, row.baseline
+    return r.samples_per_s / base.samples_per_s if base and r and r.samples_per_s else None
 
 
 def _vs_floor(row: Row):
@@ -87,18 +85,17 @@ def _vs_floor(row: Row):
 
 def _status(row: Row) -> str:
     r = row.record
-    return r.get("status", "ok") + (f": {r['reason']}" if r.get("reason") else "")
+    return r.status + (f": {r.reason}" if r.reason else "")
 
 
 def _cv(row: Row):
-    r = row.record
-    return r.get("samples_per_s_cv", r.get("allreduce_cv", r.get("roundtrip_cv")))
+    return row.ran.samples_per_s_cv if row.ran else row.record.cv
 
 
-def columns(workers: Callable[[dict], str], balance: Callable[[dict], str | None]) -> list[Column]:
+def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | None]) -> list[Column]:
     """Every column in order; `workers` and `balance` write those two cells (report.py owns them)."""
     return [
-        Column("strategy", lambda row: row.record["strategy"], "text", narrow=True),
+        Column("strategy", lambda row: row.record.strategy, "text", narrow=True),
         Column(
             "balance",
             lambda row: balance(row.record),
@@ -119,7 +116,7 @@ def columns(workers: Callable[[dict], str], balance: Callable[[dict], str | None
         ),
         Column(
             "samples/s",
-            lambda row: row.record.get("samples_per_s"),
+            lambda row: row.ran and row.ran.samples_per_s,
             narrow=True,
             beside="CV",
             beside_form="{} ± {}",
@@ -135,7 +132,7 @@ def columns(workers: Callable[[dict], str], balance: Callable[[dict], str | None
         ),
         Column(
             "scaling eff",
-            lambda row: scaling_figure(row.record),
+            lambda row: row.ran and scaling_figure(row.ran),
             "percent",
             narrow=True,
             legend="samples/s over the sum of the workers' samples/s when each trains alone on the whole batch in "
@@ -144,25 +141,25 @@ def columns(workers: Callable[[dict], str], balance: Callable[[dict], str | None
         ),
         Column(
             "compute ms",
-            lambda row: _ms(row.step.get("compute_s")),
+            lambda row: _ms(row.step.compute_s),
             legend="per-step median of the slowest worker's compute",
         ),
         Column(
             "comm ms",
-            lambda row: _ms(row.step.get("comm_s")),
+            lambda row: _ms(row.step.comm_s),
             legend="of moving and combining gradients or weights",
         ),
         Column(
             "update ms",
-            lambda row: _positive_ms(row.step.get("update_s")),
+            lambda row: _positive_ms(row.step.update_s),
             legend="the part of comm a parameter server spends combining the gradients and stepping",
         ),
         Column(
             "optimizer ms",
-            lambda row: _positive_ms(row.step.get("optimizer_s")),
+            lambda row: _positive_ms(row.step.optimizer_s),
             legend="of that, the optimizer step",
         ),
-        Column("wait ms", lambda row: _ms(row.step.get("wait_s")), legend="the fastest worker idling for the slowest"),
+        Column("wait ms", lambda row: _ms(row.step.wait_s), legend="the fastest worker idling for the slowest"),
         Column(
             "sync overhead ms",
             lambda row: _ms(row.overhead_s),
@@ -187,18 +184,18 @@ def columns(workers: Callable[[dict], str], balance: Callable[[dict], str | None
             "the link allows a synchronous strategy",
         ),
         Column("vs predicted", lambda row: row.predicted[1], "ratio", legend="the measured samples/s over it"),
-        Column("test acc", lambda row: row.record.get("final_accuracy"), "percent", narrow=True),
+        Column("test acc", lambda row: row.ran and row.ran.final_accuracy, "percent", narrow=True),
         Column(
             "time to target s",
-            lambda row: row.record.get("time_to_target_s"),
+            lambda row: row.ran and row.ran.time_to_target_s,
             narrow=True,
             legend="training clock (evaluation excluded) until the test accuracy first reached target_accuracy, "
             "median over the evaluated repeats",
         ),
-        Column("steps to target", lambda row: row.record.get("steps_to_target"), legend="the same in steps"),
+        Column("steps to target", lambda row: row.ran and row.ran.steps_to_target, legend="the same in steps"),
         Column(
             "startup s",
-            lambda row: row.record.get("startup_s"),
+            lambda row: row.ran and row.ran.startup_s,
             legend="a row's own processes and data (Ray starts once per run, before the rows: ray_startup_s)",
         ),
         Column("status", _status, "text", narrow=True),

@@ -12,48 +12,51 @@ from tabulate import tabulate
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
-from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.plots import label, png
+from hetbench.results.record import FloorRecord, Record, RowRecord, Settings
 from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner, provenance
 from hetbench.results.report import ordered
-from hetbench.results.verdict import judged, measured, ratio_range, verdict
+from hetbench.results.verdict import distributed, judged, measured, ratio_range, verdict
 from hetbench.results.whatif import bits_per_s, floor_record
 from hetbench.strategies.registry import BASELINE
 
 
-def _base(run: list[dict]) -> dict | None:
+def _base(run: list[Record]) -> RowRecord | None:
     return measured(run, BASELINE)
 
 
-def _row(run: list[dict], name: str) -> dict | None:
+def _row(run: list[Record], name: str) -> Record | None:
     """The run's row that the tables call `name` (plots.label), if it has one."""
     return next((r for r in run if label(r) == name), None)
 
 
-def _wire(run: list[dict]) -> str:
+def _settings(run: list[Record]) -> Settings:
+    """The run's config (every record of a run holds it)."""
+    return run[0].config if run else Settings()
+
+
+def _wire(run: list[Record]) -> str:
     """How the run's gradients travel: its wire dtype, or torch-ddp's PowerSGD where the run set it."""
-    config = next((r.get("config") or {} for r in run), {})
-    ddp = config.get("torch-ddp") or {}
-    if ddp.get("compression", "none") == "powersgd":
-        return f"PowerSGD rank {ddp['powersgd_rank']}"
-    return config.get("wire_dtype", "float32")
+    ddp = _settings(run).of("torch-ddp")
+    if ddp.compression == "powersgd":
+        return f"PowerSGD rank {ddp.powersgd_rank}"
+    return _settings(run).wire_dtype
 
 
-def link_rate(run: list[dict]) -> str | None:
+def link_rate(run: list[Record]) -> str | None:
     """The run's emulated link (tc's rate, e.g. 100mbit), from its floor or its config."""
-    floor = floor_record(run) or {}
-    config = next((r.get("config") or {} for r in run), {})
-    return (floor.get("link") or {}).get("rate") or (config.get("link") or {}).get("rate")
+    floor = floor_record(run)
+    return (floor and floor.link_rate) or _settings(run).link_rate
 
 
-def column(run: list[dict]) -> str:
+def column(run: list[Record]) -> str:
     wire = _wire(run)
     if wire == "float32":
         return link_rate(run)
     return f"{link_rate(run)}, {wire}" + ("" if wire.startswith("PowerSGD") else " wire")
 
 
-def by_link(runs: list[list[dict]]) -> list[list[dict]]:
+def by_link(runs: list[list[Record]]) -> list[list[Record]]:
     """Fastest link first; a run needs an emulated link and a baseline to take part."""
     for run in runs:
         if not link_rate(run) or not _base(run):
@@ -61,32 +64,33 @@ def by_link(runs: list[list[dict]]) -> list[list[dict]]:
     return sorted(runs, key=lambda run: (-bits_per_s(link_rate(run)), _wire(run) != "float32"))
 
 
-def _cell(record: dict | None, run: list[dict]) -> str:
+def _cell(record: Record | None, run: list[Record]) -> str:
     """samples/s, its ratio to the run's best machine alone and that ratio's range over the repeats;
     **pays** where the verdict's rule (verdict.Comparison.pays) recommends it over that machine."""
     base = _base(run)
     if record is None:
         return "-"
-    if record["strategy"] == FLOOR:
-        return f"{record['allreduce_s'] * 1000:,.0f} ms all-reduce"
-    if record["strategy"] == PS_FLOOR:
-        return f"{record['roundtrip_s'] * 1000:,.0f} ms round trip"
-    if not record.get("samples_per_s"):  # failed or skipped
-        return record.get("status", "-")
-    if record["strategy"] == BASELINE:
-        return f"{record['samples_per_s']:,.0f}"
-    ratio = record["samples_per_s"] / base["samples_per_s"]
+    if isinstance(record, FloorRecord):
+        if not record.seconds:
+            return record.status
+        what = "all-reduce" if record.strategy == FLOOR else "round trip"
+        return f"{record.seconds * 1000:,.0f} ms {what}"
+    if not record.samples_per_s:  # failed or skipped
+        return record.status
+    if record.strategy == BASELINE:
+        return f"{record.samples_per_s:,.0f}"
+    ratio = record.samples_per_s / base.samples_per_s
     spread = ratio_range(record, base)
     within = f", {spread[0]:.2f}-{spread[1]:.2f}x" if spread else ""
     pays = judged(run).pays(record)
-    return f"{record['samples_per_s']:,.0f} ({ratio:.2f}x{within})" + (" **pays**" if pays else "")
+    return f"{record.samples_per_s:,.0f} ({ratio:.2f}x{within})" + (" **pays**" if pays else "")
 
 
-def _labels(runs: list[list[dict]]) -> list[str]:
+def _labels(runs: list[list[Record]]) -> list[str]:
     return list(dict.fromkeys(label(r) for run in runs for r in ordered(run)))
 
 
-def crossover(runs: list[list[dict]]) -> str:
+def crossover(runs: list[list[Record]]) -> str:
     """samples/s of every row on every link, with its ratio to that run's best machine alone."""
     body = []
     for name in _labels(runs):
@@ -94,21 +98,21 @@ def crossover(runs: list[list[dict]]) -> str:
     return tabulate(body, headers=["samples/s (vs alone)", *map(column, runs)], tablefmt="github")
 
 
-def to_target(runs: list[list[dict]]) -> str:
+def to_target(runs: list[list[Record]]) -> str:
     """Seconds of training to the target accuracy (the first repeat's clock), and the final accuracy."""
 
-    def cell(record: dict | None) -> str:
-        if record is None or record["strategy"] in FLOORS or record.get("final_accuracy") is None:
+    def cell(record: Record | None) -> str:
+        if not isinstance(record, RowRecord) or record.final_accuracy is None:
             return "-"
-        seconds = record.get("time_to_target_s")
-        return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({record['final_accuracy']:.1%})"
+        seconds = record.time_to_target_s
+        return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({record.final_accuracy:.1%})"
 
     names = [n for n in _labels(runs) if n not in FLOORS]
     body = [[n, *[cell(_row(run, n)) for run in runs]] for n in names]
     return tabulate(body, headers=["time to target (final acc)", *map(column, runs)], tablefmt="github")
 
 
-def wire(runs: list[list[dict]]) -> str:
+def wire(runs: list[list[Record]]) -> str:
     """Two runs on one link that differ in their wire: each row's comm per step and bytes each way."""
     pairs = [
         (a, b)
@@ -119,18 +123,18 @@ def wire(runs: list[list[dict]]) -> str:
     out = []
     for full, narrow in pairs:
         body = []
-        for r in full:
+        for r in distributed(full):
             other = _row(narrow, label(r))
-            if r["strategy"] in (BASELINE, *FLOORS) or not other or not (r.get("step") or {}).get("comm_s"):
+            if not isinstance(other, RowRecord) or not (r.step and r.step.comm_s):
                 continue
-            comm, comm2 = r["step"]["comm_s"], (other.get("step") or {}).get("comm_s") or 0.0
+            comm, comm2 = r.step.comm_s, (other.step and other.step.comm_s) or 0.0
             body.append(
                 [
                     label(r),
                     f"{comm * 1000:,.0f} -> {comm2 * 1000:,.0f}",
                     f"{comm / comm2:.2f}x" if comm2 else "-",
                     f"{_mb(r)} -> {_mb(other)}",
-                    f"{r['samples_per_s']:,.0f} -> {other.get('samples_per_s') or 0:,.0f}",
+                    f"{r.samples_per_s:,.0f} -> {other.samples_per_s or 0:,.0f}",
                     f"{_acc(r)} -> {_acc(other)}",
                 ]
             )
@@ -143,16 +147,16 @@ def wire(runs: list[list[dict]]) -> str:
     return "\n\n".join(out)
 
 
-def _mb(record: dict) -> str:
-    sent = [w.get("wire_bytes_per_step") for w in record.get("workers", []) if w.get("wire_bytes_per_step")]
+def _mb(record: RowRecord) -> str:
+    sent = [w.wire_bytes_per_step for w in record.workers if w.wire_bytes_per_step]
     return f"{max(sent) / 1e6:.1f}" if sent else "-"
 
 
-def _acc(record: dict) -> str:
-    return f"{record['final_accuracy']:.1%}" if record.get("final_accuracy") is not None else "-"
+def _acc(record: RowRecord) -> str:
+    return f"{record.final_accuracy:.1%}" if record.final_accuracy is not None else "-"
 
 
-def plot(runs: list[list[dict]]) -> bytes:
+def plot(runs: list[list[Record]]) -> bytes:
     """Each row's samples/s over its own run's best machine alone, against the link rate: lines for
     float32 wire, crosses for other wires (a narrower dtype, PowerSGD); the best machine alone is the line at 1."""
     import matplotlib
@@ -167,9 +171,9 @@ def plot(runs: list[list[dict]]) -> bytes:
         for full in (True, False):
             rows = [(run, _row(run, name)) for run in runs if (_wire(run) == "float32") == full]
             points = [
-                (bits_per_s(link_rate(run)) / 1e6, r["samples_per_s"] / _base(run)["samples_per_s"])
+                (bits_per_s(link_rate(run)) / 1e6, r.samples_per_s / _base(run).samples_per_s)
                 for run, r in rows
-                if r and r.get("samples_per_s")
+                if r and r.trained
             ]
             if not points:
                 continue
@@ -189,23 +193,21 @@ def plot(runs: list[list[dict]]) -> bytes:
     return data
 
 
-def what_ran(runs: list[list[dict]]) -> str:
+def what_ran(runs: list[list[Record]]) -> str:
     """One sentence from the records: the machines, the batch and the repeats every column shares."""
-    row = next((r for run in runs for r in run if r["strategy"] not in (BASELINE, *FLOORS) and r.get("workers")), None)
-    if row is None:
+    rows = [r for run in runs for r in run if isinstance(r, RowRecord) and r.strategy != BASELINE and r.workers]
+    if not rows:
         return ""
-    config = row.get("config") or {}
-    machines = " + ".join(
-        w["name"] + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1 else "") for w in row["workers"]
-    )
+    row = rows[0]
+    machines = " + ".join(w.name + (f" (slowed {w.slowdown:g}x)" if w.slowdown > 1 else "") for w in row.workers)
     return (
-        f"Each column is one run of {machines}, global batch {config.get('batch_size')}, "
-        f"{config.get('repeats')} repeats, over an emulated link (rate only). Ratios are to that run's "
+        f"Each column is one run of {machines}, global batch {row.config.batch_size}, "
+        f"{row.config.repeats} repeats, over an emulated link (rate only). Ratios are to that run's "
         "own best machine alone, measured in the same run: the host's speed drifts between runs."
     )
 
 
-def links_markdown(runs: list[list[dict]]) -> str:
+def links_markdown(runs: list[list[Record]]) -> str:
     verdicts = "\n".join(f"- **{column(run)}**: {verdict(run)[0]}" for run in runs if verdict(run))
     sources = "\n".join(f"- **{column(run)}**: {line}" for run in runs if (line := provenance(run)))
     wires = wire(runs)
@@ -223,7 +225,7 @@ def links_markdown(runs: list[list[dict]]) -> str:
     )
 
 
-def write_links(runs: list[list[dict]], results_dir: str, name: str) -> Path:
+def write_links(runs: list[list[Record]], results_dir: str, name: str) -> Path:
     """results/<name>.md and <name>-crossover.png, each run's own tables linked where they exist."""
     md = Path(results_dir) / f"{name}.md"
     try:
@@ -231,8 +233,7 @@ def write_links(runs: list[list[dict]], results_dir: str, name: str) -> Path:
         tables = [
             f"[{column(run)}]({own}.md)"
             for run in runs
-            if (own := next((r.get("config") or {} for r in run), {}).get("name"))
-            and (Path(results_dir) / f"{own}.md").exists()
+            if (own := _settings(run).name) and (Path(results_dir) / f"{own}.md").exists()
         ]
         linked = f"\n\nEach run's full table, verdict and what-if: {', '.join(tables)}." if tables else ""
         picture = f"![crossover]({name}-crossover.png)"

@@ -9,47 +9,43 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetbench.floor import FLOOR_NAME, PS_FLOOR_NAME
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor
 from hetbench.results.records import atomic_write_bytes
 from hetbench.strategies.registry import BASELINE
 
 
-def scaling_figure(record: dict) -> float | str | None:
+def scaling_figure(record: RowRecord) -> float | str | None:
     """Scaling efficiency, or "drift" above 100%: no row trains faster than its workers each alone
     added up, so such a figure says the machine's speed moved between the timings alone and the row."""
-    efficiency = record.get("scaling_efficiency")
+    efficiency = record.scaling_efficiency
     return "drift" if efficiency is not None and efficiency > 1.0 else efficiency
 
 
-def label(record: dict) -> str:
-    return record["strategy"] + (f" [{record['balance']}]" if record.get("balance") else "")
+def label(record: Record) -> str:
+    balance = record.balance if isinstance(record, RowRecord) else None
+    return record.strategy + (f" [{balance}]" if balance else "")
 
 
-def emulated(records: list[dict]) -> str:
+def emulated(records: list[Record]) -> str:
     """What was emulated in these records, for titles: slowed workers and the link."""
-    slowed = sorted(
-        {
-            f"{w['name']} slowed {w['slowdown']:g}x"
-            for r in records
-            for w in r.get("workers", [])
-            if w.get("slowdown", 1.0) > 1.0
-        }
-    )
-    links = sorted({(r.get("link") or {}).get("rate") for r in records} - {None})
+    rows = [r for r in records if isinstance(r, RowRecord)]
+    slowed = sorted({f"{w.name} slowed {w.slowdown:g}x" for r in rows for w in r.workers if w.slowdown > 1.0})
+    links = sorted({r.link_rate for r in records if isinstance(r, FloorRecord)} - {None})
     parts = slowed + [f"{rate} link" for rate in links]
     return f" (emulated: {', '.join(parts)})" if parts else ""
 
 
-def write_plots(records: list[dict], results_dir: str, name: str) -> list[Path]:
+def write_plots(records: list[Record], results_dir: str, name: str) -> list[Path]:
     """PNG files under results_dir; none when no record has figures to plot."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
-    trained = [r for r in records if r.get("status") == "ok" and r.get("samples_per_s")]
+    trained = [r for r in records if r.status == "ok" and r.trained]
     if not trained:
         return []
-    trained.sort(key=lambda r: r["strategy"] != BASELINE)
+    trained.sort(key=lambda r: r.strategy != BASELINE)
     note = emulated(records)
     paths = []
     for suffix, draw in (("throughput", _throughput), ("step", _step_breakdown), ("accuracy", _accuracy)):
@@ -71,10 +67,10 @@ def png(fig) -> bytes:
     return out.getvalue()
 
 
-def _throughput(ax, trained: list[dict], records: list[dict]) -> None:
+def _throughput(ax, trained: list[RowRecord], records: list[Record]) -> None:
     labels = [label(r) for r in trained]
-    values = [r["samples_per_s"] for r in trained]
-    colors = ["0.55" if r["strategy"] == BASELINE else "tab:blue" for r in trained]
+    values = [r.samples_per_s for r in trained]
+    colors = ["0.55" if r.strategy == BASELINE else "tab:blue" for r in trained]
     bars = ax.barh(labels, values, color=colors)
     for bar, r in zip(bars, trained):
         eff = scaling_figure(r)
@@ -83,7 +79,7 @@ def _throughput(ax, trained: list[dict], records: list[dict]) -> None:
         else:
             alone = f"  ({eff:.0%} of the workers alone)" if eff else ""
         ax.annotate(
-            f" {r['samples_per_s']:,.0f}" + alone,
+            f" {r.samples_per_s:,.0f}" + alone,
             (bar.get_width(), bar.get_y() + bar.get_height() / 2),
             va="center",
             fontsize=8,
@@ -94,15 +90,15 @@ def _throughput(ax, trained: list[dict], records: list[dict]) -> None:
     ax.set_title("Throughput per strategy and batch split (grey: single-device baseline)")
 
 
-def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
+def _step_breakdown(ax, trained: list[RowRecord], records: list[Record]) -> None:
     labels = [label(r) for r in trained]
-    steps = [r.get("step") or {} for r in trained]
+    steps = [r.step or Step() for r in trained]
     # the fastest worker computes, then waits for the slowest, then all move gradients/weights:
     # so the three segments add up to the step time
     parts = (
-        ("compute (fastest worker)", "tab:green", [s.get("compute_s", 0) - s.get("wait_s", 0) for s in steps]),
-        ("waiting for the slowest worker", "tab:red", [s.get("wait_s", 0) for s in steps]),
-        ("comm (moving, combining)", "tab:orange", [s.get("comm_s", 0) for s in steps]),
+        ("compute (fastest worker)", "tab:green", [(s.compute_s or 0) - (s.wait_s or 0) for s in steps]),
+        ("waiting for the slowest worker", "tab:red", [s.wait_s or 0 for s in steps]),
+        ("comm (moving, combining)", "tab:orange", [s.comm_s or 0 for s in steps]),
     )
     left = [0.0] * len(trained)
     for name, color, seconds in parts:
@@ -110,14 +106,10 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
         ax.barh(labels, widths, left=left, color=color, label=name)
         left = [a + b for a, b in zip(left, widths)]
     ends = [*left]
-    for name, key, style, what in (
-        (FLOOR_NAME, "allreduce_s", ":", "all-reduce"),
-        (PS_FLOOR_NAME, "roundtrip_s", "--", "round trip"),
-    ):
-        floor = next((r for r in records if r["strategy"] == name and r.get(key)), None)
-        if floor:
-            ax.axvline(floor[key] * 1000, color="k", linestyle=style, label=f"{name} {what}")
-            ends.append(floor[key] * 1000)
+    for name, style, what in ((FLOOR_NAME, ":", "all-reduce"), (PS_FLOOR_NAME, "--", "round trip")):
+        if floor := measured_floor(records, name):
+            ax.axvline(floor.seconds * 1000, color="k", linestyle=style, label=f"{name} {what}")
+            ends.append(floor.seconds * 1000)
     ax.invert_yaxis()
     ax.set_xlim(0, max(ends, default=0) * 1.05 or 1)  # bars end at their data: autoscale left no margin there
     ax.set_xlabel("ms per global step (medians)")
@@ -125,7 +117,7 @@ def _step_breakdown(ax, trained: list[dict], records: list[dict]) -> None:
     ax.set_title("Where each step's time goes")
 
 
-def _accuracy(ax, trained: list[dict], records: list[dict]) -> None:
+def _accuracy(ax, trained: list[RowRecord], records: list[Record]) -> None:
     palette = [
         "tab:blue",
         "tab:orange",
@@ -141,16 +133,16 @@ def _accuracy(ax, trained: list[dict], records: list[dict]) -> None:
     ]  # grey is the baseline's
     others = iter(palette * 3)
     for r in trained:
-        curve = r.get("accuracy_curve") or []
+        curve = r.accuracy_curve
         ax.plot(
-            [p["train_s"] for p in curve],
-            [p["accuracy"] for p in curve],
+            [p.train_s for p in curve],
+            [p.accuracy for p in curve],
             marker="o",
             markersize=3,
             label=label(r),
-            color="0.4" if r["strategy"] == BASELINE else next(others),
+            color="0.4" if r.strategy == BASELINE else next(others),
         )
-    target = next((r.get("target_accuracy") for r in trained if r.get("target_accuracy")), None)
+    target = next((r.target_accuracy for r in trained if r.target_accuracy), None)
     if target:
         ax.axhline(target, color="k", linestyle=":", label=f"target {target:.0%}")
     ax.set_xlabel("training clock, s (evaluation excluded; first repeat)")

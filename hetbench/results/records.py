@@ -13,12 +13,12 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from hetbench.config import RENAMED
 from hetbench.cores import usable_cores
 from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
 from hetbench.inputs import load_json, read_text
+from hetbench.results.record import Record, RecordError, from_json, to_json
 
 SECRET_KEYS = ("token", "password", "secret")
 
@@ -58,23 +58,20 @@ def git_dirty() -> bool | None:
         return None
 
 
-def provenance(records: list[dict]) -> str:
+def provenance(records: list[Record]) -> str:
     """One sentence: the commit and command that measured these records, when and on what; '' for
     records that carry no environment."""
-    env = next((r["env"] for r in records if r.get("env")), None)
+    env = next((r.env for r in records if r.env), None)
     if not env:
         return ""
-    commit = env.get("git_commit")
-    code = f"commit {commit[:7]}" if commit else f"code {str(env.get('code_hash'))[:8]}"
-    if env.get("git_dirty"):
+    code = f"commit {env.git_commit[:7]}" if env.git_commit else f"code {str(env.code_hash)[:8]}"
+    if env.git_dirty:
         code += " with uncommitted changes"
-    argv = env.get("argv") or []
-    command = f" with `hetbench {' '.join(argv[1:])}`" if argv else ""
-    versions = env.get("versions") or {}
-    when = str(env.get("time", ""))[:10]
+    command = f" with `hetbench {' '.join(env.argv[1:])}`" if env.argv else ""
+    when = str(env.time or "")[:10]
     return (
-        f"Measured at {code}{command} on {env.get('host')}, {when} ({env.get('usable_cores')} usable cores; "
-        f"torch {versions.get('torch')}, ray {versions.get('ray')})."
+        f"Measured at {code}{command} on {env.host}, {when} ({env.usable_cores} usable cores; "
+        f"torch {env.version('torch')}, ray {env.version('ray')})."
     )
 
 
@@ -133,14 +130,14 @@ class RecordFile:
         else:
             raise UserError(f"could not reserve a new record file in {raw}")
         self.path = path
-        self.records: list[dict] = []
+        self.records: list[Record] = []
 
     @classmethod
     def reopen(cls, path: Path) -> RecordFile:
         """An interrupted run's record file, to continue: its failed records are dropped (run again)."""
         out = cls.__new__(cls)
         out.path = Path(path)
-        out.records = [r for r in read_records([str(path)]) if r.get("status") != "failed"] if out.path.exists() else []
+        out.records = [r for r in read_records([str(path)]) if r.status != "failed"] if out.path.exists() else []
         return out
 
     def discard(self) -> None:
@@ -148,12 +145,12 @@ class RecordFile:
         if not self.records:
             self.path.unlink(missing_ok=True)
 
-    def add(self, record: dict) -> None:
+    def add(self, record: Record) -> None:
         self.records.append(record)
         self.save()
 
     def save(self) -> None:
-        atomic_write(self.path, json.dumps(self.records, indent=2, default=str) + "\n")
+        atomic_write(self.path, json.dumps([to_json(r) for r in self.records], indent=2, default=str) + "\n")
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -175,10 +172,10 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             os.unlink(tmp)
 
 
-def read_records(paths: list[str]) -> list[dict]:
+def read_records(paths: list[str]) -> list[Record]:
     """Every record of the files, each checked as it loads (one sentence, UserError, for a file
-    that is not JSON, repeats a key, nests too deep or holds something else)."""
-    records: list[dict] = []
+    that is not JSON, repeats a key, nests too deep or holds something else: record.from_json)."""
+    records: list[Record] = []
     for p in paths:
         try:
             data = load_json(read_text(p, "record file"), f"record file {p}")
@@ -187,49 +184,12 @@ def read_records(paths: list[str]) -> list[dict]:
         items = data if isinstance(data, list) else [data]
         if not all(isinstance(r, dict) and isinstance(r.get("strategy"), str) for r in items):
             raise UserError(f"record file {p} does not hold hetbench records")
-        for n, record in enumerate(items):
-            if problem := record_problem(record):
-                raise UserError(f"record file {p}, record {n + 1} ({record['strategy']}): {problem}")
-            # an old name reads as today's, so runs before and after a rename line up
-            record["strategy"] = RENAMED.get(record["strategy"], record["strategy"])
-        records.extend(items)
+        for n, item in enumerate(items):
+            try:
+                records.append(from_json(item))
+            except RecordError as e:
+                raise UserError(f"record file {p}, record {n + 1} ({item['strategy']}): {e}") from None
     return records
-
-
-# A figure's name says its unit: a value under a name ending so is a number (or null, or a list of them).
-FIGURE_SUFFIXES = ("_s", "_cv", "_ms", "per_s", "accuracy", "efficiency", "_mb", "_bytes")
-TEXT_KEYS = ("strategy", "status", "reason", "balance", "name", "device", "node")
-LIST_KEYS = ("workers", "curve")
-
-
-def record_problem(value, key: str = "") -> str | None:
-    """What makes a record's value the wrong type for its name, as a phrase; None when it is sound."""
-    if isinstance(value, dict):
-        for k, v in value.items():
-            if problem := record_problem(v, f"{key}.{k}" if key else str(k)):
-                return problem
-        return None
-    leaf = key.rsplit(".", 1)[-1]
-    if isinstance(value, list):
-        if leaf in LIST_KEYS and not all(isinstance(v, dict) for v in value):
-            return f"{key} must be a list of objects"
-        if leaf.endswith(FIGURE_SUFFIXES) and not all(_figure(v) for v in value):
-            return f"{key} must be a list of numbers"
-        for i, v in enumerate(value):
-            if isinstance(v, dict) and (problem := record_problem(v, f"{key}[{i}]")):
-                return problem
-        return None
-    if leaf in LIST_KEYS and value is not None:
-        return f"{key} must be a list, got {type(value).__name__} {value!r:.40}"
-    if leaf.endswith(FIGURE_SUFFIXES) and not _figure(value):
-        return f"{key} must be a number, got {type(value).__name__} {value!r:.40}"
-    if leaf in TEXT_KEYS and value is not None and not isinstance(value, str):
-        return f"{key} must be text, got {type(value).__name__} {value!r:.40}"
-    return None
-
-
-def _figure(value) -> bool:
-    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
 def hand_to_owner(results_dir: str) -> None:

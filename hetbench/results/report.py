@@ -11,84 +11,81 @@ from tabulate import tabulate
 
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
-from hetbench.floor import FLOORS
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
-from hetbench.results.columns import Column, Row, columns, floor_seconds
+from hetbench.results.columns import Column, Row, columns
 from hetbench.results.plots import write_plots
+from hetbench.results.record import AloneTimings, FloorRecord, Record, RowRecord, measured_floor
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
 from hetbench.strategies.registry import BASELINE
 
 
-def ordered(records: list[dict]) -> list[dict]:
+def ordered(records: list[Record]) -> list[Record]:
     """Baseline rows first, then the floors, then the rest in the order they ran."""
     rank = {BASELINE: 0, FLOOR: 1, PS_FLOOR: 1}
-    return sorted(records, key=lambda r: rank.get(r["strategy"], 2))
+    return sorted(records, key=lambda r: rank.get(r.strategy, 2))
 
 
-def _floor_path(record: dict) -> str:
+def _floor_path(record: FloorRecord) -> str:
     """Where the floor's two processes ran: between which workers' nodes, over which link."""
-    path = record.get("path")
-    link = (record.get("link") or {}).get("rate")
+    path, link = record.path, record.link_rate
     over = f" over an emulated {link} link" if link else ""
     if not path:  # a record from before the floor was placed on the workers' nodes
         return f"2 processes{over}" if link else "2 local processes"
-    a, b = path["between"]
-    if path["ips"][0] == path["ips"][1]:
-        return f"{a} <-> {b}, one host ({path['ips'][0]})"
-    return f"{a} ({path['ips'][0]}) <-> {b} ({path['ips'][1]}){over}"
+    a, b = path.between
+    if path.ips[0] == path.ips[1]:
+        return f"{a} <-> {b}, one host ({path.ips[0]})"
+    return f"{a} ({path.ips[0]}) <-> {b} ({path.ips[1]}){over}"
 
 
-def own_floor_s(record: dict, records: list[dict]) -> float | None:
+def own_floor_s(record: Record, records: list[Record]) -> float | None:
     """The floor a row is judged against: its own pattern's (records from before the ps-floor: gloo's)."""
-    name = record["strategy"] if record["strategy"] in FLOORS else record.get("floor", FLOOR)
-    return next((floor_seconds(r) for r in records if r["strategy"] == name and floor_seconds(r)), None)
+    name = record.strategy if isinstance(record, FloorRecord) else record.floor or FLOOR
+    floor = measured_floor(records, name)
+    return floor.seconds if floor else None
 
 
-def _workers(record: dict) -> str:
-    if record["strategy"] in FLOORS:
-        return _floor_path(record) + (f" [{record['collective']}]" if record.get("collective") else "")
-    workers = record.get("workers", [])
-    collective = next((w["collective"] for w in workers if w.get("collective")), None)
+def _workers(record: Record) -> str:
+    if isinstance(record, FloorRecord):
+        return _floor_path(record) + (f" [{record.collective}]" if record.collective else "")
+    collective = next((w.collective for w in record.workers if w.collective), None)
     return ", ".join(
-        f"{w['name']}:{w.get('device', '?')}x{w.get('batch', '?')}"
-        + (f" (slowed {w['slowdown']:g}x)" if w.get("slowdown", 1.0) > 1.0 else "")
-        + (f" (lost at step {w['lost_at_step']})" if "lost_at_step" in w else "")
-        for w in workers
+        f"{w.name}:{w.device or '?'}x{w.batch or '?'}"
+        + (f" (slowed {w.slowdown:g}x)" if w.slowdown > 1.0 else "")
+        + (f" (lost at step {w.lost_at_step})" if w.lost_at_step is not None else "")
+        for w in record.workers
     ) + (f" [{collective}]" if collective else "")
 
 
-def _balance(record: dict) -> str | None:
-    resplits = sum(1 for event in record.get("events", []) if "rebalanced" in event and not event.get("in_warmup"))
-    return f"{record.get('balance')}, re-split {resplits}x" if resplits else record.get("balance")
+def _balance(record: Record) -> str | None:
+    if isinstance(record, FloorRecord):
+        return None
+    return f"{record.balance}, re-split {record.resplits}x" if record.resplits else record.balance
 
 
 TABLE: list[Column] = columns(_workers, _balance)
 COLUMNS = [c.name for c in TABLE]  # the CSV's header and --wide's
 
 
-def rows(records: list[dict]) -> list[list]:
+def rows(records: list[Record]) -> list[list]:
     """Each record's value in every column (columns.py), the baseline first."""
     records = ordered(records)
     baseline = measured(records, BASELINE)
-    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
-    return [
-        [c.value(Row(r, baseline, floor, own_floor_s(r, records), _predicted(r, floor))) for c in TABLE]
-        for r in records
-    ]
+    floor = measured_floor(records)
+    return [[c.value(Row(r, baseline, own_floor_s(r, records), _predicted(r, floor))) for c in TABLE] for r in records]
 
 
-def _predicted(record: dict, floor: dict | None) -> tuple:
+def _predicted(record: Record, floor: FloorRecord | None) -> tuple:
     """What the link allows: the global batch over (slowest compute + the strategy's floor transfers
     x the floor all-reduce of the same run), and measured / that (Strategy.floor_transfers)."""
-    step = record.get("step") or {}
-    batch = (record.get("config") or {}).get("batch_size")
-    transfers = record.get("floor_transfers")
-    if not floor or not transfers or not step.get("compute_s") or not record.get("samples_per_s") or not batch:
+    if isinstance(record, FloorRecord) or not floor or not record.floor_transfers or not record.samples_per_s:
         return None, None
-    predicted = batch / (step["compute_s"] + transfers * floor["allreduce_s"])
-    return predicted, record["samples_per_s"] / predicted
+    compute, batch = record.step and record.step.compute_s, record.config.batch_size
+    if not compute or not batch:
+        return None, None
+    predicted = batch / (compute + record.floor_transfers * floor.seconds)
+    return predicted, record.samples_per_s / predicted
 
 
 def _narrow(cells: dict) -> list[str]:
@@ -101,7 +98,7 @@ def _narrow(cells: dict) -> list[str]:
     return shown
 
 
-def markdown(records: list[dict], wide: bool = False) -> str:
+def markdown(records: list[Record], wide: bool = False) -> str:
     """The comparison table, verdict first; `wide`: every column of the CSV."""
     formatted = [{c.name: c.cell(v) for v, c in zip(row, TABLE)} for row in rows(records)]
     if wide:
@@ -113,7 +110,7 @@ def markdown(records: list[dict], wide: bool = False) -> str:
     return f"{answer}\n\n{table}" if answer else table
 
 
-def to_csv(records: list[dict]) -> str:
+def to_csv(records: list[Record]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
@@ -122,7 +119,7 @@ def to_csv(records: list[dict]) -> str:
     return out.getvalue()
 
 
-def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path, Path]:
+def write_tables(records: list[Record], results_dir: str, name: str) -> tuple[Path, Path]:
     """results/<name>.md (with the plots linked) and .csv; the plots themselves beside them."""
     md_path, csv_path = Path(results_dir) / f"{name}.md", Path(results_dir) / f"{name}.csv"
     try:
@@ -141,21 +138,21 @@ def write_tables(records: list[dict], results_dir: str, name: str) -> tuple[Path
     return md_path, csv_path
 
 
-def _sourced(records: list[dict]) -> str:
+def _sourced(records: list[Record]) -> str:
     return f"{line}\n\n" if (line := provenance(records)) else ""
 
 
-def alone(records: list[dict]) -> str:
+def alone(records: list[Record]) -> str:
     """The scaling reference's own figures: each worker's timings alone, in run order, just before and
     after each row they judge (a timing between two rows serves both); records from before the
     brackets were timed at the start and the end of the run."""
-    around = [r["standalone_timings"] for r in records if r.get("standalone_timings")]
+    around = [r.standalone_timings for r in records if isinstance(r, RowRecord) and r.standalone_timings]
     if not around:
         return ""
-    if "start" in next(iter(around[0].values())):
+    if next(iter(around[0].values())).whole_run:
         return (
             "alone, samples/s (each timing; start of the run -> end): "
-            + "; ".join(f"{name} {_each(t['start'])} -> {_each(t['end'])}" for name, t in around[0].items())
+            + "; ".join(f"{name} {_each(t.before)} -> {_each(t.after)}" for name, t in around[0].items())
             + "\n\n"
         )
     return (
@@ -165,13 +162,13 @@ def alone(records: list[dict]) -> str:
     )
 
 
-def _in_order(around: list[dict], name: str) -> list[list[float]]:
+def _in_order(around: list[dict[str, AloneTimings]], name: str) -> list[list[float]]:
     """`name`'s timings around the rows, each once: a row's before is the last row's after when none ran between."""
     timings: list[list[float]] = []
     for bracket in around:
-        if not timings or bracket[name]["before"] != timings[-1]:
-            timings.append(bracket[name]["before"])
-        timings.append(bracket[name]["after"])
+        if not timings or bracket[name].before != timings[-1]:
+            timings.append(bracket[name].before)
+        timings.append(bracket[name].after)
     return timings
 
 
@@ -179,10 +176,11 @@ def _each(rates: list[float]) -> str:
     return "/".join(f"{rate:.0f}" for rate in rates)
 
 
-def legend(records: list[dict]) -> str:
+def legend(records: list[Record]) -> str:
     """The columns explained, then each strategy's own note (Strategy.table_note) where it has a row."""
-    notes = dict.fromkeys(r["table_note"] for r in records if r.get("table_note"))
-    if any(r.get("evaluated_repeats", 0) < len(r.get("repeat_timed_steps", [])) for r in records):
+    ran = [r for r in records if isinstance(r, RowRecord)]
+    notes = dict.fromkeys(r.table_note for r in ran if r.table_note)
+    if any((r.evaluated_repeats or 0) < len(r.repeat_timed_steps) for r in ran):
         notes[SPEED_STEPS_NOTE] = None
     return "\n".join([LEGEND, *notes])
 

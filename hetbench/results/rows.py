@@ -4,12 +4,14 @@ scaling efficiency against the workers timed alone."""
 from __future__ import annotations
 
 import statistics
+from dataclasses import replace
 
 import torch
 
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.gradients import WIRE_DTYPES, count_parameters
+from hetbench.results.record import AloneTimings, CurvePoint, Env, RowRecord, Settings, Step, Worker
 from hetbench.results.records import redacted
 from hetbench.standalone import speeds
 from hetbench.step_timing import StepTiming
@@ -18,93 +20,109 @@ from hetbench.strategies.registry import BASELINE
 from hetbench.workload import Net
 
 
-def base_row(name: str, config: dict, fields: dict, env: dict) -> dict:
+def base_row(name: str, config: dict, fields: dict, env: dict) -> RowRecord:
     """What every row's record starts with, whatever became of it: the row's config as records keep it
-    (Config.as_dict), and `fields`, what tells the row apart (Scenario.fields)."""
-    return {"strategy": name, "config": redacted(config), "env": env, **fields}
+    (Config.as_dict), and `fields`, what tells the row apart (Scenario.fields: balance, split)."""
+    return RowRecord(strategy=name, config=Settings.from_json(redacted(config)), env=Env.from_json(env), **fields)
 
 
-def failed_row(base: dict, reason: str) -> dict:
-    return {**base, "status": "failed", "reason": reason, "workers": []}
+def failed_row(base: RowRecord, reason: str) -> RowRecord:
+    return replace(base, status="failed", reason=reason)
 
 
 def strategy_row(
-    base: dict, strategy: Strategy, workers: list[dict], repeats: list[dict], startup_s: float, standalone: dict | None
-) -> dict:
+    base: RowRecord,
+    strategy: Strategy,
+    workers: list[dict],
+    repeats: list[dict],
+    startup_s: float,
+    standalone: dict | None,
+    extras: dict,
+) -> RowRecord:
     """The record of a row whose repeats finished: `workers` as the strategy reported them before it
-    closed (its attributes are still read)."""
-    target = base["config"]["target_accuracy"]
+    closed (its attributes are still read); `extras`, its own figures and the row's notes."""
+    target = base.config.target_accuracy
     timed = [t for r in repeats for t in r["timed"]]
-    worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
+    measured = worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
     evaluated = [r for r in repeats if r["final_accuracy"] is not None]
     reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
     steps = [steps_to_target(r["curve"], target) for r in evaluated]
-    brackets = [target_bracket_s(r["curve"], target) for r in evaluated]
     samples_per_s = median([r["samples_per_s"] for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
-    return {
-        **base,
-        "status": "ok",
-        "workers": workers,
-        "samples_per_s": samples_per_s,
+    extras = dict(extras)
+    return replace(
+        base,
+        status="ok",
+        workers=measured,
+        samples_per_s=samples_per_s,
         # in float32 all-reduces of the model, as the floor times them: a narrower wire moves less
-        "floor_transfers": transfers and transfers * width / torch.float32.itemsize,
-        "floor": strategy.floor_name,  # the floor its sync overhead is judged against
-        "table_note": strategy.table_note or None,
-        **scaling(strategy.name, workers, samples_per_s, standalone),
-        "samples_per_s_cv": cv([r["samples_per_s"] for r in repeats]),
-        "repeat_samples_per_s": [r["samples_per_s"] for r in repeats],
-        "repeat_timed_steps": [len(r["timed"]) for r in repeats],
-        "final_accuracy": median([r["final_accuracy"] for r in evaluated]),
-        "time_to_target_s": median(reached) if len(reached) == len(evaluated) else None,
-        "repeat_time_to_target_s": [r["time_to_target_s"] for r in evaluated],  # its spread: verdict.uncertainty
+        floor_transfers=transfers and transfers * width / torch.float32.itemsize,
+        floor=strategy.floor_name,  # the floor its sync overhead is judged against
+        table_note=strategy.table_note or None,
+        **scaling(strategy.name, measured, samples_per_s, standalone),
+        samples_per_s_cv=cv([r["samples_per_s"] for r in repeats]),
+        repeat_samples_per_s=[r["samples_per_s"] for r in repeats],
+        repeat_timed_steps=[len(r["timed"]) for r in repeats],
+        final_accuracy=median([r["final_accuracy"] for r in evaluated]),
+        time_to_target_s=median(reached) if len(reached) == len(evaluated) else None,
+        repeat_time_to_target_s=[r["time_to_target_s"] for r in evaluated],  # its spread: verdict.uncertainty
         # per evaluated repeat, the training seconds between the check before the target and the one
         # that reached it: the crossing lies somewhere inside (verdict.uncertainty)
-        "repeat_target_bracket_s": brackets,
+        repeat_target_bracket_s=[target_bracket_s(r["curve"], target) for r in evaluated],
         # the same in steps, at the curve's resolution: a synchronous step is one single-device step
         # on the union batch, so steps should match the baseline's in expectation
-        "steps_to_target": median(steps) if None not in steps else None,
-        "repeat_steps_to_target": steps,
-        "evaluated_repeats": len(evaluated),  # accuracy and time to target are theirs
-        "target_accuracy": target,
-        "startup_s": startup_s,
-        "driver_peak_rss_mb": peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
-        "step": step_summary(timed, strategy.exchange_every),
-        "accuracy_curve": repeats[0]["curve"],
-    }
+        steps_to_target=median(steps) if None not in steps else None,
+        repeat_steps_to_target=steps,
+        evaluated_repeats=len(evaluated),  # accuracy and time to target are theirs
+        target_accuracy=target,
+        startup_s=startup_s,
+        driver_peak_rss_mb=peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
+        step=step_summary(timed, strategy.exchange_every),
+        accuracy_curve=tuple(CurvePoint(**p) for p in repeats[0]["curve"]),
+        events=list(extras.pop("events", [])),
+        extras=extras,
+    )
 
 
-def worker_figures(workers: list[dict], timed: list[StepTiming], transfers: float | None, wire_dtype: str) -> None:
-    """Each worker's compute, what it delivers in the run and could alone, and its bytes on the wire."""
-    for w in workers:
+def worker_figures(
+    workers: list[dict], timed: list[StepTiming], transfers: float | None, wire_dtype: str
+) -> tuple[Worker, ...]:
+    """Each worker as reported, with its compute, what it delivers in the run and could alone, and
+    its bytes on the wire."""
+    model_bytes = count_parameters(Net()) * WIRE_DTYPES[wire_dtype].itemsize
+    out = []
+    for w in map(Worker.from_json, workers):
+        by_value = transfers and w.transport != "shared memory"
+        # what each worker's step sends and receives between machines, by value
+        w = replace(w, wire_bytes_per_step=transfers * model_bytes if by_value else 0)
         # a lost worker: the steps it was in; with no barrier (ray-ps-async), those it finished a
         # batch in: over a slow link a slow worker may finish none in most steps (its compute 0 there)
-        mine = [t for t in timed if t.compute_s.get(w["name"], 0.0) > 0]
-        if not mine:
-            continue
-        compute = median([t.compute_s[w["name"]] for t in mine])
-        w["compute_s"] = compute
-        w["samples_per_s"] = w["batch"] / median([t.total_s for t in mine])  # what it delivers in the run
-        w["compute_samples_per_s"] = w["batch"] / compute  # what it could alone
-    model_bytes = count_parameters(Net()) * WIRE_DTYPES[wire_dtype].itemsize
-    for w in workers:  # what each worker's step sends and receives between machines, by value
-        by_value = transfers and w.get("transport") != "shared memory"
-        w["wire_bytes_per_step"] = transfers * model_bytes if by_value else 0
+        mine = [t for t in timed if t.compute_s.get(w.name, 0.0) > 0]
+        if mine:
+            compute = median([t.compute_s[w.name] for t in mine])
+            w = replace(
+                w,
+                compute_s=compute,
+                samples_per_s=w.batch / median([t.total_s for t in mine]),  # what it delivers in the run
+                compute_samples_per_s=w.batch / compute,  # what it could alone
+            )
+        out.append(w)
+    return tuple(out)
 
 
-def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> dict:
+def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> Step:
     """The typical step: the median, or a round's mean where only every `exchange_every`-th step exchanges."""
     typical = median if exchange_every == 1 else statistics.fmean
-    return {
-        "compute_s": typical([max(t.compute_s.values()) for t in timed]),
-        "comm_s": typical([t.comm_s for t in timed]),
-        "wait_s": typical([t.wait_s for t in timed]),
-        "total_s": typical([t.total_s for t in timed]),
-        "sync_overhead_s": typical([t.sync_overhead_s for t in timed]),
-        "update_s": typical([t.update_s for t in timed]),
-        "optimizer_s": typical([t.optimizer_s for t in timed]),
-        "exchange_every": exchange_every,
-    }
+    return Step(
+        compute_s=typical([max(t.compute_s.values()) for t in timed]),
+        comm_s=typical([t.comm_s for t in timed]),
+        wait_s=typical([t.wait_s for t in timed]),
+        total_s=typical([t.total_s for t in timed]),
+        sync_overhead_s=typical([t.sync_overhead_s for t in timed]),
+        update_s=typical([t.update_s for t in timed]),
+        optimizer_s=typical([t.optimizer_s for t in timed]),
+        exchange_every=exchange_every,
+    )
 
 
 def steps_to_target(curve: list[dict], target: float) -> int | None:
@@ -123,13 +141,13 @@ def target_bracket_s(curve: list[dict], target: float) -> float | None:
     return None
 
 
-def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: dict | None) -> dict:
+def scaling(name: str, workers: tuple[Worker, ...], samples_per_s: float, standalone: dict | None) -> dict:
     """Scaling efficiency: measured throughput over the sum of the workers' throughputs alone; the
-    workers with their own figure alone (new dicts: the record's are not changed)."""
+    workers with their own figure alone. The fields a record takes (none for the baseline)."""
     if name == BASELINE or not standalone:
         return {}
-    workers = [{**w, "standalone_samples_per_s": standalone[w["name"]]} for w in workers]
-    alone_sum = sum(w["standalone_samples_per_s"] for w in workers)
+    workers = tuple(replace(w, standalone_samples_per_s=standalone[w.name]) for w in workers)
+    alone_sum = sum(w.standalone_samples_per_s for w in workers)
     return {
         "workers": workers,
         "standalone_sum_samples_per_s": alone_sum,
@@ -137,12 +155,12 @@ def scaling(name: str, workers: list[dict], samples_per_s: float, standalone: di
     }
 
 
-def bracketed(record: dict, before: dict, after: dict) -> dict:
-    """The record with its scaling efficiency against each worker timed alone just before and just
-    after the row (the median of both: standalone.Brackets), so the machine's drift moves the
-    reference with the row; the row's own record (strategy_row) computed none."""
-    return {
-        **record,
-        **scaling(record["strategy"], record["workers"], record["samples_per_s"], speeds(before, after)),
-        "standalone_timings": {name: {"before": before[name], "after": after[name]} for name in before},
-    }
+def bracketed(record: RowRecord, before: dict, after: dict) -> RowRecord:
+    """A new record: `record` with its scaling efficiency against each worker timed alone just before
+    and just after the row (the median of both: standalone.Brackets), so the machine's drift moves
+    the reference with the row; the row's own record (strategy_row) computed none."""
+    return replace(
+        record,
+        **scaling(record.strategy, record.workers, record.samples_per_s, speeds(before, after)),
+        standalone_timings={name: AloneTimings(before[name], after[name]) for name in before},
+    )

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hetbench.clock import median, median_interval
-from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor
 from hetbench.strategies.registry import BASELINE
 
 ACCURACY_KEPT = 0.005  # run.accuracy_tolerance's default, for records from before the setting
@@ -17,7 +17,7 @@ ACCURACY_KEPT = 0.005  # run.accuracy_tolerance's default, for records from befo
 class Comparison:
     """One row against the best machine alone, in the terms of the rule (`pays`)."""
 
-    record: dict
+    record: RowRecord
     ratio: float  # its samples/s over the baseline's
     faster: bool  # samples/s beyond the spread: every repeat's figure above every one of the baseline's
     to_target: TargetTimes | None  # sooner, the same or later to the target; None: neither reached it
@@ -40,17 +40,17 @@ class Comparison:
         return self.faster
 
 
-def compare(record: dict, base: dict, alone: str) -> Comparison:
+def compare(record: RowRecord, base: RowRecord, alone: str) -> Comparison:
     """`record` against the baseline `base` (the best machine, `alone`), by the figures the rule reads."""
-    mine, theirs = record.get("final_accuracy"), base.get("final_accuracy")
-    tolerance = (base.get("config") or {}).get("accuracy_tolerance", ACCURACY_KEPT)
+    mine, theirs = record.final_accuracy, base.final_accuracy
+    tolerance = base.config.accuracy_tolerance
     return Comparison(
         record=record,
-        ratio=record["samples_per_s"] / base["samples_per_s"],
+        ratio=record.samples_per_s / base.samples_per_s,
         faster=_beyond_ranges(record, base),
         to_target=_to_target(record, base, alone),
         lost=max(theirs - mine, 0.0) if mine is not None and theirs is not None else 0.0,
-        tolerance=tolerance,
+        tolerance=ACCURACY_KEPT if tolerance is None else tolerance,
     )
 
 
@@ -59,46 +59,44 @@ class Judged:
     """A run's rows, each compared with the best machine alone: what the verdict and the link report
     read, so that nothing calls a row paying by another test."""
 
-    base: dict
+    base: RowRecord
     alone: str  # the baseline's machine, by its worker's name
     compared: list[Comparison]
     by_time: bool  # the rule compares times to target: the baseline or some row reached it
 
-    def of(self, record: dict) -> Comparison | None:
+    def of(self, record: Record) -> Comparison | None:
         return next((c for c in self.compared if c.record is record), None)
 
-    def pays(self, record: dict) -> bool:
+    def pays(self, record: Record) -> bool:
         c = self.of(record)
         return c is not None and c.pays(self.by_time)
 
 
-def judged(records: list[dict]) -> Judged | None:
+def judged(records: list[Record]) -> Judged | None:
     """The run's rows against its baseline; None without a baseline or a distributed row."""
     base = measured(records, BASELINE)
-    rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
+    rows = distributed(records)
     if not base or not rows:
         return None
-    alone = (base.get("reference") or {}).get("worker") or base["workers"][0]["name"]
+    alone = base.reference.worker if base.reference else base.workers[0].name
     compared = [compare(r, base, alone) for r in rows]
     return Judged(base, alone, compared, any(c.to_target is not None for c in compared))
 
 
-def verdict(records: list[dict]) -> list[str]:
+def verdict(records: list[Record]) -> list[str]:
     """The verdict's lines: the answer, then one line per other row (docs/design.md, "The verdict's rule")."""
     run = judged(records)
     if run is None:
         return []
     base, alone, compared, by_time = run.base, run.alone, run.compared, run.by_time
-    floor = next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s")), None)
+    floor = measured_floor(records)
     paying = [c for c in compared if c.pays(by_time)]
     fastest = max(compared, key=lambda c: c.ratio)
-    base_figures = f"{base['samples_per_s']:,.0f} samples/s"
+    base_figures = f"{base.samples_per_s:,.0f} samples/s"
     if paying:
         chosen = max(paying, key=lambda c: (c.to_target.gain_s, c.ratio) if by_time else (c.ratio,))
         r = chosen.record
-        figures = (
-            f"{r['samples_per_s']:,.0f} samples/s, {chosen.ratio:.2f}x {alone} alone ({base['samples_per_s']:,.0f})"
-        )
+        figures = f"{r.samples_per_s:,.0f} samples/s, {chosen.ratio:.2f}x {alone} alone ({base.samples_per_s:,.0f})"
         if by_time:
             answer = f"{chosen.to_target.answer}; {figures}"
         else:
@@ -119,7 +117,7 @@ def verdict(records: list[dict]) -> list[str]:
     return lines
 
 
-def _why_not(c: Comparison, floor: dict | None, alone: str) -> str:
+def _why_not(c: Comparison, floor: FloorRecord | None, alone: str) -> str:
     """Why a row is not the answer: where it wins samples/s, what that costs it; else what it loses to."""
     accuracy = "" if c.keeps_accuracy else f"{c.lost * 100:.1f} points less accurate"
     times = c.to_target.short if c.to_target and c.to_target.kind != "sooner" else ""
@@ -131,14 +129,14 @@ def _why_not(c: Comparison, floor: dict | None, alone: str) -> str:
     return f"{c.ratio:.2f}x, {why_it_loses(c.record, floor)}{said}{lost}"
 
 
-def why_it_loses(record: dict, floor: dict | None) -> str:
+def why_it_loses(record: RowRecord, floor: FloorRecord | None) -> str:
     """The largest part of its step beyond the slowest worker's compute: idling for the slow worker,
     the link (its transfers of the model at the floor's time), or its own overhead beyond both."""
-    step = record.get("step") or {}
-    total, overhead, wait = step.get("total_s"), step.get("sync_overhead_s"), step.get("wait_s") or 0.0
+    step = record.step or Step()
+    total, overhead, wait = step.total_s, step.sync_overhead_s, step.wait_s or 0.0
     if not total or overhead is None:
         return "no step timings in its record"
-    link = (record.get("floor_transfers") or 0) * floor["allreduce_s"] if floor else 0.0
+    link = (record.floor_transfers or 0) * floor.seconds if floor else 0.0
     parts = {
         "waits for the slow worker": wait,
         "link-bound": min(link, overhead),
@@ -150,24 +148,24 @@ def why_it_loses(record: dict, floor: dict | None) -> str:
         return f"waits for the slow worker: the fastest idles {ms:.0f} ms of each {total * 1000:.0f} ms step"
     if reason == "link-bound":
         return (
-            f"link-bound: moving the model {record['floor_transfers']}x a step takes {ms:.0f} ms of each "
-            f"{total * 1000:.0f} ms step at the floor's {floor['allreduce_s'] * 1000:.1f} ms"
+            f"link-bound: moving the model {record.floor_transfers}x a step takes {ms:.0f} ms of each "
+            f"{total * 1000:.0f} ms step at the floor's {floor.seconds * 1000:.1f} ms"
         )
     return f"overhead: {ms:.0f} ms a step beyond compute and the link's share, of {total * 1000:.0f} ms"
 
 
-def what_would_change_it(best: dict, base: dict, floor: dict | None) -> str | None:
+def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | None) -> str | None:
     """From the measured speeds alone and the floor: the global batch from which an all-reduce over
     this link pays, and the all-reduce time at which it pays at this batch."""
-    speeds = [w.get("standalone_samples_per_s") for w in best.get("workers", [])]
+    speeds = [w.standalone_samples_per_s for w in best.workers]
     if not floor or not all(speeds):
         return None
-    together, one = sum(speeds), base["samples_per_s"]
+    together, one = sum(speeds), base.samples_per_s
     if together <= one * 1.001:
         return "nothing on this link or batch: the other machines add no speed even with a free link"
     gain = 1 / one - 1 / together  # seconds per sample saved by splitting the batch, before syncing
-    allreduce = floor["allreduce_s"]
-    batch = (best.get("config") or {}).get("batch_size") or base["split"][0]
+    allreduce = floor.seconds
+    batch = best.config.batch_size or base.split[0]
     pays_at = allreduce / gain
     needed = batch * gain
     return (
@@ -177,13 +175,18 @@ def what_would_change_it(best: dict, base: dict, floor: dict | None) -> str | No
     )
 
 
-def measured(records: list[dict], name: str) -> dict | None:
+def measured(records: list[Record], name: str) -> RowRecord | None:
     """The row of strategy `name` that measured a throughput, if the run has one."""
-    return next((r for r in records if r["strategy"] == name and r.get("samples_per_s")), None)
+    return next((r for r in records if r.strategy == name and r.trained), None)
 
 
-def _machines(record: dict) -> str:
-    return " + ".join(f"{w['name']} ({w.get('device', '?')}, batch {w.get('batch', '?')})" for w in record["workers"])
+def distributed(records: list[Record]) -> list[RowRecord]:
+    """The rows other than the baseline that measured a throughput."""
+    return [r for r in records if r.strategy != BASELINE and r.trained]
+
+
+def _machines(record: RowRecord) -> str:
+    return " + ".join(f"{w.name} ({w.device or '?'}, batch {w.batch or '?'})" for w in record.workers)
 
 
 @dataclass(frozen=True)
@@ -196,12 +199,12 @@ class TargetTimes:
     short: str  # the same in a few words, for a row's own line ("1.8 s later to 90%")
 
 
-def _to_target(record: dict, base: dict, alone: str) -> TargetTimes | None:
+def _to_target(record: RowRecord, base: RowRecord, alone: str) -> TargetTimes | None:
     """Sooner, the same or later to the target than the baseline, by the seed-paired gain beyond
     its margin where the repeats pair (paired_gain), else by the gap beyond both rows' resolution
     and spread (uncertainty); None where neither reached the target or a record has no target."""
-    mine, theirs = record.get("time_to_target_s"), base.get("time_to_target_s")
-    target = record.get("target_accuracy") or base.get("target_accuracy")
+    mine, theirs = record.time_to_target_s, base.time_to_target_s
+    target = record.target_accuracy or base.target_accuracy
     if target is None or (mine is None and theirs is None):
         return None
     at = f"{target:.0%}"
@@ -242,39 +245,39 @@ def _to_target(record: dict, base: dict, alone: str) -> TargetTimes | None:
     )
 
 
-def ratio_range(record: dict, base: dict) -> tuple[float, float] | None:
+def ratio_range(record: RowRecord, base: RowRecord) -> tuple[float, float] | None:
     """The lowest and highest of the row's repeats' samples/s over the baseline's median (2+ repeats)."""
-    mine = record.get("repeat_samples_per_s") or []
+    mine = record.repeat_samples_per_s
     if len(mine) < 2:
         return None
-    return min(mine) / base["samples_per_s"], max(mine) / base["samples_per_s"]
+    return min(mine) / base.samples_per_s, max(mine) / base.samples_per_s
 
 
-def _beyond_ranges(record: dict, base: dict) -> bool:
+def _beyond_ranges(record: RowRecord, base: RowRecord) -> bool:
     """samples/s beyond the spread: with two repeats or more on each side, every one of the row's
     above every one of the baseline's (the repeats' ranges do not overlap)."""
-    mine, theirs = record.get("repeat_samples_per_s") or [], base.get("repeat_samples_per_s") or []
+    mine, theirs = record.repeat_samples_per_s, base.repeat_samples_per_s
     return len(mine) >= 2 and len(theirs) >= 2 and min(mine) > max(theirs)
 
 
-def _trade(record: dict) -> str:
+def _trade(record: RowRecord) -> str:
     """What the row trades arithmetic for speed with, where it does: what may cost it accuracy."""
-    config, name = record.get("config") or {}, record["strategy"]
-    own = config.get(name) or {}
+    config, name = record.config, record.strategy
+    own = config.of(name)
     trades = []
-    if own.get("compression") == "powersgd":
-        trades.append(f"PowerSGD rank {own.get('powersgd_rank')}")
+    if own.compression == "powersgd":
+        trades.append(f"PowerSGD rank {own.powersgd_rank}")
     if name == "ray-ps-async":
         trades.append("stale gradients")
     if name == "ray-localsgd":
-        trades.append(f"an exchange every {own.get('sync_every')} steps")
-    if config.get("wire_dtype", "float32") != "float32":
-        trades.append(f"{config['wire_dtype']} on the wire")
+        trades.append(f"an exchange every {own.sync_every} steps")
+    if config.wire_dtype != "float32":
+        trades.append(f"{config.wire_dtype} on the wire")
     return ", ".join(trades)
 
 
-def _target(record: dict) -> str:
-    target = record.get("target_accuracy")
+def _target(record: RowRecord) -> str:
+    target = record.target_accuracy
     return f"{target:.0%}" if target is not None else "the target"
 
 
@@ -289,15 +292,15 @@ def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
     return median(gains), widest + high - low
 
 
-def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, float]] | None:
+def seeded_pairs(record: RowRecord, base: RowRecord) -> list[tuple[float, float, float, float]] | None:
     """Each evaluated repeat beside the baseline's on the same seed (the same initial weights and
     batch order and dropout masks; a row whose arithmetic differs, compressed or stale, parts from
     the baseline's curve): (its time to target, the baseline's, the seconds since the check before
     each). None where they cannot be paired: other seeds, other repeat counts, a repeat that did
     not reach the target, or records from before the brackets."""
-    times = [record.get("repeat_time_to_target_s") or [], base.get("repeat_time_to_target_s") or []]
-    brackets = [record.get("repeat_target_bracket_s") or [], base.get("repeat_target_bracket_s") or []]
-    seeds = [(r.get("config") or {}).get("seed") for r in (record, base)]
+    times = [record.repeat_time_to_target_s, base.repeat_time_to_target_s]
+    brackets = [record.repeat_target_bracket_s, base.repeat_target_bracket_s]
+    seeds = [r.config.seed for r in (record, base)]
     columns = [*times, *brackets]
     if seeds[0] != seeds[1] or len(times[0]) < 2 or len({len(c) for c in columns}) != 1:
         return None
@@ -305,22 +308,21 @@ def seeded_pairs(record: dict, base: dict) -> list[tuple[float, float, float, fl
     return None if any(None in pair for pair in pairs) else pairs
 
 
-def _steps(record: dict) -> str:
+def _steps(record: RowRecord) -> str:
     """ " (44 steps)": the median steps to target beside the seconds, where the record has them."""
-    steps = record.get("steps_to_target")
+    steps = record.steps_to_target
     return f" ({steps:g} steps)" if steps is not None else ""
 
 
-def uncertainty(record: dict) -> float:
+def uncertainty(record: RowRecord) -> float:
     """Seconds within which two times to target cannot be told apart: the widest interval between
     the two checks the target was crossed between (fine near the target: training.Schedule.near),
     plus the spread of the evaluated repeats' times. Records from before the brackets: one
     eval_every interval of training."""
-    times = [t for t in record.get("repeat_time_to_target_s") or [] if t is not None]
+    times = [t for t in record.repeat_time_to_target_s if t is not None]
     spread = max(times) - min(times) if len(times) > 1 else 0.0
-    brackets = [b for b in record.get("repeat_target_bracket_s") or [] if b is not None]
+    brackets = [b for b in record.repeat_target_bracket_s if b is not None]
     if brackets:
         return max(brackets) + spread
-    config = record.get("config") or {}
-    every, batch, rate = config.get("eval_every"), config.get("batch_size"), record.get("samples_per_s")
+    every, batch, rate = record.config.eval_every, record.config.batch_size, record.samples_per_s
     return (every * batch / rate if every and batch and rate else 0.0) + spread

@@ -9,7 +9,8 @@ from tabulate import tabulate
 from hetbench.config import LINK_PROFILES
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
-from hetbench.results.verdict import measured
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor
+from hetbench.results.verdict import distributed, measured
 from hetbench.strategies.registry import BASELINE
 
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
@@ -30,41 +31,40 @@ LINKS = {  # column -> bits per second: the link profiles a run can emulate
 }
 
 
-def floor_on(floor: dict, rate: float) -> float:
+def floor_on(floor: FloorRecord, rate: float) -> float:
     """The floor's all-reduce on a link of `rate`: its fixed part (the measured time less the
     measured link's transfer, when the link was emulated) plus the model's bytes at that rate."""
-    measured_rate = bits_per_s((floor.get("link") or {}).get("rate"))
-    wire = floor["bytes"] * 8
-    fixed = max(floor["allreduce_s"] - wire / measured_rate, 0.0) if measured_rate else floor["allreduce_s"]
+    measured_rate = bits_per_s(floor.link_rate)
+    wire = floor.bytes * 8
+    fixed = max(floor.seconds - wire / measured_rate, 0.0) if measured_rate else floor.seconds
     return fixed + wire / rate
 
 
-def predicted(record: dict, floor: dict, batch: int, rate: float | None) -> float | None:
+def predicted(record: RowRecord, floor: FloorRecord, batch: int, rate: float | None) -> float | None:
     """Samples/s at `batch` over `rate` (None: this run's own link): the batch split as the row split
     it (the slowest share sets the compute), the strategy's transfers at the floor's time on that
     link, and its own overhead beyond the floor (and beyond waiting for the slow worker) as measured
     in this run."""
-    workers = record.get("workers", [])
-    speeds = [w.get("standalone_samples_per_s") for w in workers]
-    shares = [w.get("batch") for w in workers]
-    step, transfers = record.get("step") or {}, record.get("floor_transfers")
-    if not speeds or not all(speeds) or not all(shares) or not transfers or step.get("sync_overhead_s") is None:
+    speeds = [w.standalone_samples_per_s for w in record.workers]
+    shares = [w.batch for w in record.workers]
+    step, transfers = record.step or Step(), record.floor_transfers
+    if not speeds or not all(speeds) or not all(shares) or not transfers or step.sync_overhead_s is None:
         return None
     compute = max(batch * share / sum(shares) / speed for share, speed in zip(shares, speeds))
-    own = max(step["sync_overhead_s"] - step.get("wait_s", 0.0) - transfers * floor["allreduce_s"], 0.0)
-    allreduce = floor["allreduce_s"] if rate is None else floor_on(floor, rate)
+    own = max(step.sync_overhead_s - (step.wait_s or 0.0) - transfers * floor.seconds, 0.0)
+    allreduce = floor.seconds if rate is None else floor_on(floor, rate)
     return batch / (compute + transfers * allreduce + own)
 
 
-def model_error(records: list[dict], floor: dict) -> str:
+def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
     """The model checked against what it can be: each measured row, predicted at its own batch
     and link, against its measured samples/s."""
     checks = []
     for r in records:
-        batch = (r.get("config") or {}).get("batch_size")
-        guess = predicted(r, floor, batch, None) if batch and r.get("samples_per_s") else None
+        batch = r.config.batch_size
+        guess = predicted(r, floor, batch, None) if batch and r.samples_per_s else None
         if guess:
-            checks.append(f"{label(r)} {_error(guess, r['samples_per_s'])}")
+            checks.append(f"{label(r)} {_error(guess, r.samples_per_s)}")
     return (
         f"The model on this run's own link and batch, predicted against measured: {', '.join(checks)}."
         if checks
@@ -72,24 +72,24 @@ def model_error(records: list[dict], floor: dict) -> str:
     )
 
 
-def whatif(records: list[dict]) -> str:
+def whatif(records: list[Record]) -> str:
     """The what-if table (Markdown), or "" when the run lacks what it needs (the floor's bytes,
     the workers' speeds alone, a baseline)."""
     floor = floor_record(records)
     base = measured(records, BASELINE)
-    rows = [r for r in records if r["strategy"] not in (BASELINE, FLOOR) and r.get("samples_per_s")]
+    rows = distributed(records)
     if not floor or not base or not rows:
         return ""
-    configured = (rows[0].get("config") or {}).get("batch_size") or base["split"][0]
+    configured = rows[0].config.batch_size or base.split[0]
     body = []
     for factor in BATCH_FACTORS:
         batch = configured * factor
-        body.append([BASELINE, batch, *[f"{base['samples_per_s']:,.0f}" for _ in LINKS]])
+        body.append([BASELINE, batch, *[f"{base.samples_per_s:,.0f}" for _ in LINKS]])
         for r in rows:
             cells = [predicted(r, floor, batch, rate) for rate in LINKS.values()]
             if any(c is None for c in cells):
                 continue
-            body.append([label(r), batch, *[f"{c:,.0f} ({c / base['samples_per_s']:.2f}x)" for c in cells]])
+            body.append([label(r), batch, *[f"{c:,.0f} ({c / base.samples_per_s:.2f}x)" for c in cells]])
     if len(body) == len(BATCH_FACTORS):
         return ""
     table = tabulate(body, headers=["predicted samples/s", "batch", *LINKS], tablefmt="github", disable_numparse=True)
@@ -97,19 +97,19 @@ def whatif(records: list[dict]) -> str:
         "What if (predictions from this run's measurements, not measured): the batch split as each row "
         "split it, at the workers' speeds alone, each strategy's transfers of the model at the floor's "
         "all-reduce time on that link "
-        f"(its fixed part plus the {floor['bytes'] / 1e6:.1f} MB at the link's rate), and its own overhead "
+        f"(its fixed part plus the {floor.bytes / 1e6:.1f} MB at the link's rate), and its own overhead "
         "beyond the floor as measured here. The single row stays as measured (per-sample cost taken as "
         f"constant). {model_error(rows, floor)}\n\n" + table
     )
 
 
-def against(base: list[dict], linked: list[dict]) -> str:
+def against(base: list[Record], linked: list[Record]) -> str:
     """The model validated: `base` (a run on its own link) predicts every synchronous row of
     `linked` (the same machines over an emulated link, its floor naming the rate), beside what
     `linked` measured, with the error. "" when either lacks what that needs."""
     floor = floor_record(base)
     linked_floor = floor_record(linked)
-    rate = bits_per_s(((linked_floor or {}).get("link") or {}).get("rate"))
+    rate = bits_per_s(linked_floor.link_rate) if linked_floor else None
     if not floor or not rate:
         return ""
     body = []
@@ -120,22 +120,22 @@ def against(base: list[dict], linked: list[dict]) -> str:
                 FLOOR,
                 "-",
                 f"{guess * 1e3:.0f} ms",
-                f"{linked_floor['allreduce_s'] * 1e3:.0f} ms",
-                _error(guess, linked_floor["allreduce_s"]),
+                f"{linked_floor.seconds * 1e3:.0f} ms",
+                _error(guess, linked_floor.seconds),
             ]
         )
-    for row in linked:
-        model = next((r for r in base if _same_row(r, row)), None)
-        batch = (row.get("config") or {}).get("batch_size")
-        guess = predicted(model, floor, batch, rate) if model and batch and row.get("samples_per_s") else None
+    for row in [r for r in linked if r.trained]:
+        model = next((r for r in base if r.trained and (r.strategy, r.balance) == (row.strategy, row.balance)), None)
+        batch = row.config.batch_size
+        guess = predicted(model, floor, batch, rate) if model and batch else None
         if guess:
             body.append(
                 [
-                    row["strategy"],
-                    row.get("balance") or "-",
+                    row.strategy,
+                    row.balance or "-",
                     f"{guess:,.0f}",
-                    f"{row['samples_per_s']:,.0f}",
-                    _error(guess, row["samples_per_s"]),
+                    f"{row.samples_per_s:,.0f}",
+                    _error(guess, row.samples_per_s),
                 ]
             )
     if len(body) <= 1:
@@ -143,18 +143,15 @@ def against(base: list[dict], linked: list[dict]) -> str:
     headers = ["row", "balance", "predicted", "measured", "error"]
     return (
         f"The what-if model checked: predicted from the run on its own link, measured over the emulated "
-        f"{linked_floor['link']['rate']} link (samples/s; the floor's all-reduce in ms).\n\n"
+        f"{linked_floor.link_rate} link (samples/s; the floor's all-reduce in ms).\n\n"
         + tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
     )
 
 
-def floor_record(records: list[dict]) -> dict | None:
-    """The run's measured floor, if it has one."""
-    return next((r for r in records if r["strategy"] == FLOOR and r.get("allreduce_s") and r.get("bytes")), None)
-
-
-def _same_row(a: dict, b: dict) -> bool:
-    return a["strategy"] == b["strategy"] and a.get("balance") == b.get("balance") and a.get("samples_per_s")
+def floor_record(records: list[Record]) -> FloorRecord | None:
+    """The run's measured gloo-floor with its bytes, if it has one."""
+    floor = measured_floor(records)
+    return floor if floor and floor.bytes else None
 
 
 def _error(guess: float, measured: float) -> str:
