@@ -356,3 +356,13 @@ def test_where_no_row_reaches_the_target_samples_per_s_decide_beyond_the_repeats
         "Verdict: keep to desk alone (3,000 samples/s): no strategy beats it beyond the repeats' ranges here "
         "(best samples/s: ray-ps [auto], 1.13x)."
     )
+
+
+def test_a_second_row_that_also_pays_says_so_and_by_how_much_less_than_the_answer():
+    sooner = row("torch-ddp", 3600.0, ALLREDUCE["step"], time_to_target_s=30.0)
+    lines = verdict([SINGLE, FLOOR, ALLREDUCE, sooner])
+    assert lines[0].startswith("Verdict: use torch-ddp [auto]")
+    assert lines[1] == (
+        "  ray-train [auto]: 1.17x, also pays: 5.0 s sooner to 97%, but torch-ddp [auto] is sooner still "
+        "(10.0 s sooner to 97%)"
+    )

@@ -113,8 +113,22 @@ def verdict(records: list[Record]) -> list[str]:
         lines = [f"Verdict: keep to {alone} alone ({base_figures}): {answer}."]
         if change := what_would_change_it(fastest.record, base, floor):
             lines.append(f"  What would change it: {change}.")
-    lines += [f"  {label(c.record)}: {_why_not(c, floor, alone)}" for c in compared if c is not chosen]
+    for c in compared:
+        if c is chosen:
+            continue
+        why = _also(c, chosen, by_time) if any(c is p for p in paying) else _why_not(c, floor, alone)
+        lines.append(f"  {label(c.record)}: {why}")
     return lines
+
+
+def _also(c: Comparison, chosen: Comparison, by_time: bool) -> str:
+    """A row the rule recommends too, but less than the answer: by how much each gains."""
+    if by_time:
+        return (
+            f"{c.ratio:.2f}x, also pays: {c.to_target.short}, but {label(chosen.record)} is sooner still "
+            f"({chosen.to_target.short})"
+        )
+    return f"{c.ratio:.2f}x, also pays beyond the repeats' ranges, but {label(chosen.record)} is faster still"
 
 
 def _why_not(c: Comparison, floor: FloorRecord | None, alone: str) -> str:
