@@ -28,7 +28,7 @@ from hetbench.standalone import Brackets, measure_standalone, speeds
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.strategies.replica import Replica
-from hetbench.training import Evaluator, Schedule, train_repeat
+from hetbench.training import Evaluator, Repeat, Schedule, train_repeat
 from hetbench.workload import Net
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ def run_strategy(
             for r in range(len(repeats), cfg.run.repeats):
                 bar.repeat(r)
                 save = saver(checkpoints, scenario.key, repeats) if checkpoints and cls.resumable else None
-                resume = from_saved(saved["progress"]) if saved and len(saved["done"]) == r else None
+                resume = from_saved(saved["progress"], finished=False) if saved and len(saved["done"]) == r else None
                 first = faults if r == 0 else ()
                 repeats.append(
                     train_repeat(
@@ -94,7 +94,7 @@ def run_strategy(
     return strategy_row(base, strategy, workers, repeats, startup_s, standalone, extras)
 
 
-def saver(checkpoints: RunCheckpoints, key: str, done: list[dict]):
+def saver(checkpoints: RunCheckpoints, key: str, done: list[Repeat]):
     """Saves the scenario's finished repeats and the current one's progress (model + optimizer + step)."""
 
     def save(progress: dict) -> None:

@@ -69,14 +69,14 @@ class Schedule:
         every = [self.eval_every] + ([self.fine_eval_every] if near and self.fine_eval_every else [])
         return any((step + 1) % n == 0 for n in every) or step + 1 == self.total(repeat)
 
-    def near(self, curve: list[dict]) -> bool:
+    def near(self, curve: list[CurvePoint]) -> bool:
         """Whether the checks go fine after this curve: its last accuracy is within reach of the target,
         which no check of the repeat has reached yet. The time to target is known to the interval
         between two checks: fine checks where it is crossed make that interval a step or two."""
         if not (self.fine_eval_every and curve):
             return False
-        reached = any(point["accuracy"] >= self.target for point in curve)
-        return not reached and curve[-1]["accuracy"] >= self.fine_from
+        reached = any(point.accuracy >= self.target for point in curve)
+        return not reached and curve[-1].accuracy >= self.fine_from
 
     def due(self, every: int, repeat: int, step: int) -> bool:
         """After `step`, every `every` steps, unless the repeat ends there (its end is recorded anyway)."""
@@ -110,6 +110,26 @@ class Evaluator:
         return accuracy(self.flat.model, self.images[:n], self.labels[:n])
 
 
+@dataclass(frozen=True)
+class CurvePoint:
+    """One accuracy check of a repeat."""
+
+    step: int  # the steps trained before it
+    train_s: float  # the training clock then, evaluation excluded
+    accuracy: float  # test accuracy on the quick check's images
+
+
+@dataclass(frozen=True)
+class Repeat:
+    """One repeat's results (train_repeat): what a row's record is computed from (results/rows.py)."""
+
+    samples_per_s: float  # over its timed steps
+    timed: list[StepTiming]
+    curve: list[CurvePoint]
+    time_to_target_s: float | None  # the training clock at the first check at or above the target
+    final_accuracy: float | None  # on the whole test set; None where the repeat is not evaluated
+
+
 def train_repeat(
     strategy,
     schedule: Schedule,
@@ -123,7 +143,7 @@ def train_repeat(
     save=None,
     resume: dict | None = None,
     cluster=None,
-) -> dict:
+) -> Repeat:
     """One repeat of a started strategy (strategies/base.py): warm-up and timed steps from a fresh
     model (or from `resume`, a checkpoint of this repeat); accuracy checked off the clock where the
     schedule says (never, without `evaluate`); `save(progress)` at its checkpoints; `faults`
@@ -166,7 +186,7 @@ def train_repeat(
             timed.append(timing)
         if evaluating:
             acc = evaluate(strategy.weights())
-            curve.append({"step": step + 1, "train_s": clock, "accuracy": acc})
+            curve.append(CurvePoint(step + 1, clock, acc))
             if time_to_target is None and acc >= schedule.target:
                 time_to_target = clock
             strategy.near_target = schedule.near(curve)  # for ranks that run the schedule themselves
@@ -184,13 +204,13 @@ def train_repeat(
         bar.update(1)
     timed_s = sum(t.total_s for t in timed)
     evaluated = evaluate is not None and schedule.evaluated(repeat)
-    return {
-        "samples_per_s": samples_per_step * len(timed) / timed_s,
-        "timed": timed,
-        "curve": curve,
-        "time_to_target_s": time_to_target,
-        "final_accuracy": evaluate(strategy.weights(), full=True) if evaluated else None,
-    }
+    return Repeat(
+        samples_per_s=samples_per_step * len(timed) / timed_s,
+        timed=timed,
+        curve=curve,
+        time_to_target_s=time_to_target,
+        final_accuracy=evaluate(strategy.weights(), full=True) if evaluated else None,
+    )
 
 
 def inject(strategy, fault: Fault, step: int, cluster=None) -> None:

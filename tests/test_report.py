@@ -150,8 +150,9 @@ def test_a_scaling_efficiency_above_100_percent_is_drift_not_a_result():
 
 def test_steps_to_target_is_the_first_evaluated_step_at_the_target():
     from hetbench.results.rows import steps_to_target
+    from hetbench.training import CurvePoint
 
-    curve = [{"step": 25, "accuracy": 0.6}, {"step": 50, "accuracy": 0.86}, {"step": 75, "accuracy": 0.84}]
+    curve = [CurvePoint(25, 1.0, 0.6), CurvePoint(50, 2.0, 0.86), CurvePoint(75, 3.0, 0.84)]
     assert steps_to_target(curve, 0.85) == 50 and steps_to_target(curve, 0.9) is None
     records = [record("single", 1000.0, steps_to_target=50, time_to_target_s=3.2)]
     wide = dict(zip(COLUMNS, rows(records)[0]))

@@ -46,13 +46,13 @@ def test_checks_go_fine_near_the_target_and_back_once_it_is_reached(tmp_path):
         )
     # 0.8 at step 40 is within 0.15 of 0.9: every 2 steps until 0.92 at step 46, then every 10 again
     checked = [10, 20, 30, 40, 42, 44, 46, 50, 60]
-    assert [p["step"] for p in result["curve"]] == checked
+    assert [p.step for p in result.curve] == checked
     # no step before a check started the next one early
     assert [n + 1 for n, then in enumerate(strategy.thens) if then is None] == checked
-    assert result["time_to_target_s"] == pytest.approx(0.46)
-    assert steps_to_target(result["curve"], 0.9) == 46
+    assert result.time_to_target_s == pytest.approx(0.46)
+    assert steps_to_target(result.curve, 0.9) == 46
     # the crossing lies between the checks at steps 44 and 46: two steps of 0.01 s
-    assert target_bracket_s(result["curve"], 0.9) == pytest.approx(0.02)
+    assert target_bracket_s(result.curve, 0.9) == pytest.approx(0.02)
 
 
 def test_without_fine_checks_the_crossing_is_known_to_eval_every(tmp_path):
@@ -62,8 +62,8 @@ def test_without_fine_checks_the_crossing_is_known_to_eval_every(tmp_path):
         result = train_repeat(
             strategy, Schedule.of(cfg.run), repeat=0, evaluate=accuracy, bar=bar, seed=0, samples_per_step=64
         )
-    assert [p["step"] for p in result["curve"]] == [10, 20, 30, 40, 50, 60]
-    assert target_bracket_s(result["curve"], 0.9) == pytest.approx(0.1)
+    assert [p.step for p in result.curve] == [10, 20, 30, 40, 50, 60]
+    assert target_bracket_s(result.curve, 0.9) == pytest.approx(0.1)
 
 
 def test_speed_steps_leave_the_first_evaluated_repeats_whole(tmp_path):

@@ -21,6 +21,7 @@ from hetbench.errors import UserError
 from hetbench.inputs import load_json, read_text
 from hetbench.results.records import atomic_write, atomic_write_bytes, redacted
 from hetbench.step_timing import StepTiming
+from hetbench.training import CurvePoint, Repeat
 
 
 class RunCheckpoints:
@@ -76,10 +77,16 @@ class RunCheckpoints:
         (self.dir / f"{key}.pt").unlink(missing_ok=True)
 
 
-def to_saved(repeat: dict) -> dict:
-    """A repeat's results (finished or in progress) with its step timings as plain dicts."""
-    return {**repeat, "timed": [asdict(t) for t in repeat["timed"]]}
+def to_saved(repeat: Repeat | dict) -> dict:
+    """A repeat's results, finished (Repeat) or in progress (train_repeat's progress dict), as plain
+    values: a checkpoint loads with weights_only, which takes no classes of ours."""
+    if isinstance(repeat, Repeat):
+        return asdict(repeat)
+    return {**repeat, "timed": [asdict(t) for t in repeat["timed"]], "curve": [asdict(p) for p in repeat["curve"]]}
 
 
-def from_saved(repeat: dict) -> dict:
-    return {**repeat, "timed": [StepTiming(**t) for t in repeat["timed"]]}
+def from_saved(saved: dict, finished: bool = True) -> Repeat | dict:
+    """to_saved's inverse: a Repeat, or (`finished` False) a repeat's progress to resume from."""
+    parts = {**saved, "timed": [StepTiming(**t) for t in saved["timed"]]}
+    parts["curve"] = [CurvePoint(**p) for p in saved["curve"]]
+    return Repeat(**parts) if finished else parts

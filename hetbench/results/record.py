@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 
 from hetbench.config import RENAMED
 from hetbench.floor import FLOOR_NAME, FLOORS
+from hetbench.training import CurvePoint
 
 SCHEMA_VERSION = 2  # 1: the untyped records before this module (no "schema" key)
 
@@ -133,13 +134,6 @@ class Step:
     update_s: float | None = None
     optimizer_s: float | None = None
     exchange_every: int = 1
-
-
-@dataclass(frozen=True)
-class CurvePoint:
-    step: int
-    train_s: float  # the training clock, evaluation excluded
-    accuracy: float
 
 
 @dataclass(frozen=True)

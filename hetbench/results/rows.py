@@ -11,12 +11,13 @@ import torch
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.gradients import WIRE_DTYPES, count_parameters
-from hetbench.results.record import AloneTimings, CurvePoint, Env, RowRecord, Settings, Step, Worker
+from hetbench.results.record import AloneTimings, Env, RowRecord, Settings, Step, Worker
 from hetbench.results.records import redacted
 from hetbench.standalone import speeds
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.registry import BASELINE
+from hetbench.training import CurvePoint, Repeat
 from hetbench.workload import Net
 
 
@@ -34,7 +35,7 @@ def strategy_row(
     base: RowRecord,
     strategy: Strategy,
     workers: list[dict],
-    repeats: list[dict],
+    repeats: list[Repeat],
     startup_s: float,
     standalone: dict | None,
     extras: dict,
@@ -42,12 +43,12 @@ def strategy_row(
     """The record of a row whose repeats finished: `workers` as the strategy reported them before it
     closed (its attributes are still read); `extras`, its own figures and the row's notes."""
     target = base.config.target_accuracy
-    timed = [t for r in repeats for t in r["timed"]]
+    timed = [t for r in repeats for t in r.timed]
     measured = worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
-    evaluated = [r for r in repeats if r["final_accuracy"] is not None]
-    reached = [r["time_to_target_s"] for r in evaluated if r["time_to_target_s"] is not None]
-    steps = [steps_to_target(r["curve"], target) for r in evaluated]
-    samples_per_s = median([r["samples_per_s"] for r in repeats])
+    evaluated = [r for r in repeats if r.final_accuracy is not None]
+    reached = [r.time_to_target_s for r in evaluated if r.time_to_target_s is not None]
+    steps = [steps_to_target(r.curve, target) for r in evaluated]
+    samples_per_s = median([r.samples_per_s for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     extras = dict(extras)
     return replace(
@@ -60,15 +61,15 @@ def strategy_row(
         floor=strategy.floor_name,  # the floor its sync overhead is judged against
         table_note=strategy.table_note or None,
         **scaling(strategy.name, measured, samples_per_s, standalone),
-        samples_per_s_cv=cv([r["samples_per_s"] for r in repeats]),
-        repeat_samples_per_s=[r["samples_per_s"] for r in repeats],
-        repeat_timed_steps=[len(r["timed"]) for r in repeats],
-        final_accuracy=median([r["final_accuracy"] for r in evaluated]),
+        samples_per_s_cv=cv([r.samples_per_s for r in repeats]),
+        repeat_samples_per_s=[r.samples_per_s for r in repeats],
+        repeat_timed_steps=[len(r.timed) for r in repeats],
+        final_accuracy=median([r.final_accuracy for r in evaluated]),
         time_to_target_s=median(reached) if len(reached) == len(evaluated) else None,
-        repeat_time_to_target_s=[r["time_to_target_s"] for r in evaluated],  # its spread: verdict.uncertainty
+        repeat_time_to_target_s=[r.time_to_target_s for r in evaluated],  # its spread: verdict.uncertainty
         # per evaluated repeat, the training seconds between the check before the target and the one
         # that reached it: the crossing lies somewhere inside (verdict.uncertainty)
-        repeat_target_bracket_s=[target_bracket_s(r["curve"], target) for r in evaluated],
+        repeat_target_bracket_s=[target_bracket_s(r.curve, target) for r in evaluated],
         # the same in steps, at the curve's resolution: a synchronous step is one single-device step
         # on the union batch, so steps should match the baseline's in expectation
         steps_to_target=median(steps) if None not in steps else None,
@@ -78,7 +79,7 @@ def strategy_row(
         startup_s=startup_s,
         driver_peak_rss_mb=peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
         step=step_summary(timed, strategy.exchange_every),
-        accuracy_curve=tuple(CurvePoint(**p) for p in repeats[0]["curve"]),
+        accuracy_curve=tuple(repeats[0].curve),
         events=list(extras.pop("events", [])),
         extras=extras,
     )
@@ -125,19 +126,19 @@ def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> Step:
     )
 
 
-def steps_to_target(curve: list[dict], target: float) -> int | None:
+def steps_to_target(curve: list[CurvePoint], target: float) -> int | None:
     """The first evaluated step whose test accuracy reached `target`; None if none did."""
-    return next((point["step"] for point in curve if point["accuracy"] >= target), None)
+    return next((point.step for point in curve if point.accuracy >= target), None)
 
 
-def target_bracket_s(curve: list[dict], target: float) -> float | None:
+def target_bracket_s(curve: list[CurvePoint], target: float) -> float | None:
     """The training seconds from the last check below `target` (or the start) to the first at or
     above it; None if none reached it."""
     before = 0.0
     for point in curve:
-        if point["accuracy"] >= target:
-            return point["train_s"] - before
-        before = point["train_s"]
+        if point.accuracy >= target:
+            return point.train_s - before
+        before = point.train_s
     return None
 
 
