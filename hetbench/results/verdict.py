@@ -3,6 +3,7 @@ best, and why each other row loses; derived from a run's records, never written 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hetbench.clock import median, median_interval
@@ -116,19 +117,21 @@ def verdict(records: list[Record]) -> list[str]:
     for c in compared:
         if c is chosen:
             continue
-        why = _also(c, chosen, by_time) if any(c is p for p in paying) else _why_not(c, floor, alone)
+        why = _also(c, chosen, by_time, floor) if any(c is p for p in paying) else _why_not(c, floor, alone)
         lines.append(f"  {label(c.record)}: {why}")
     return lines
 
 
-def _also(c: Comparison, chosen: Comparison, by_time: bool) -> str:
-    """A row the rule recommends too, but less than the answer: by how much each gains."""
+def _also(c: Comparison, chosen: Comparison, by_time: bool, floor: FloorRecord | None) -> str:
+    """A row the rule recommends too, but less than the answer: its gain beside the answer's, then
+    where its step goes."""
     if by_time:
-        return (
-            f"{c.ratio:.2f}x, also pays: {c.to_target.short}, but {label(chosen.record)} is sooner still "
-            f"({chosen.to_target.short})"
-        )
-    return f"{c.ratio:.2f}x, also pays beyond the repeats' ranges, but {label(chosen.record)} is faster still"
+        theirs = chosen.to_target
+        answer = f"{theirs.gain_s:.1f} s" if math.isfinite(theirs.gain_s) else theirs.short
+        pays = f"also pays ({c.to_target.short}; the answer: {answer})"
+    else:
+        pays = f"also pays beyond the repeats' ranges (the answer: {chosen.ratio:.2f}x)"
+    return f"{c.ratio:.2f}x, {pays}; {why_it_loses(c.record, floor)}"
 
 
 def _why_not(c: Comparison, floor: FloorRecord | None, alone: str) -> str:
