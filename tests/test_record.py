@@ -43,3 +43,15 @@ def test_an_untyped_record_of_schema_1_upgrades_its_old_names():
     assert record.standalone_timings["a"].whole_run and record.extras == {"staleness": {"max": 1}}
     written = to_json(record)
     assert written["standalone_timings"] == old["standalone_timings"] and written["staleness"] == {"max": 1}
+
+
+def test_the_committed_link_report_is_what_its_records_render(tmp_path):
+    import shutil
+
+    from hetbench.results.links import by_link, write_links
+
+    for table in (REPO / "results").glob("hetero-links-*.md"):  # the report links each run's own table
+        shutil.copy(table, tmp_path)
+    files = sorted((REPO / "results" / "raw").glob("*-hetero-links-*.json"))
+    written = write_links(by_link([read_records([str(f)]) for f in files]), str(tmp_path), "hetero-links")
+    assert written.read_text() == (REPO / "results" / "hetero-links.md").read_text()
