@@ -72,3 +72,35 @@ def test_each_kept_benchmark_script_imports_and_answers_help(script):
     )
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.startswith("usage:")
+
+
+def test_the_overhead_check_counts_each_loops_kernels_and_syncs_per_step():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import baseline_overhead as overhead
+
+    from hetbench.config import load_config
+    from hetbench.data import cached_mnist
+    from hetbench.devices import resolve_device
+
+    cfg = load_config(None, ["workers=[{batch: 16, device: cpu}]", "download=false"])
+    images, labels = cached_mnist(cfg.run)[0].tensors(resolve_device("cpu"))
+    counts = overhead.count_steps(lambda keyed: overhead.Loop(images, labels, 16, "cpu", cfg, keyed), cfg)
+    (examples, example_syncs, example_ops), (keyed, _, keyed_ops), (single, syncs, single_ops) = (
+        counts[name] for name in ("examples", "keyed", "single")
+    )
+    assert example_syncs == 0  # the example's loop never waits for its device inside a step
+    assert "aten::bernoulli_" in example_ops and "aten::bernoulli_" not in keyed_ops  # nn.Dropout's draw
+    assert keyed_ops["aten::bitwise_xor"] > 0 and keyed > examples  # the keyed hash costs kernels
+    assert single >= keyed and 1 <= syncs <= 2  # its clock's syncs: one each side of the step (#64: one)
+    assert single_ops["aten::convolution_backward"] == example_ops["aten::convolution_backward"] == 2
+
+
+@pytest.mark.slow
+def test_the_overhead_check_fails_above_its_target(tmp_path):
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(repo / "benchmarks" / "baseline_overhead.py"), "--device", "cpu", "--batch", "8"]
+    checked = subprocess.run(
+        [*command, "--steps", "8", "--rounds", "1", "--target", "0.01"], capture_output=True, text=True, timeout=240
+    )
+    assert checked.returncode == 1, checked.stderr[-2000:]
+    assert "ABOVE the target 0.01" in checked.stdout and "single" in checked.stdout
