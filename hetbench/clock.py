@@ -1,10 +1,11 @@
-"""The clock: every timing in hetbench reads it, after synchronizing the device."""
+"""The clock: every timing in hetbench reads it, after synchronizing the device (or marking its queue)."""
 
 from __future__ import annotations
 
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -51,3 +52,96 @@ def cv(values: list[float]) -> float | None:
     if len(values) < 2 or mean == 0:
         return 0.0
     return statistics.stdev(values) / mean
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What a Stopwatch read: the seconds its device worked, and from its first start to its last stop."""
+
+    work_s: float
+    span_s: float
+
+
+class Stopwatch:
+    """A worker's seconds of device work in a step: the spans between start() and stop(), summed and
+    read once, after one device sync.
+
+    A span's ends are marks on the device's queue (CUDA or MPS timing events), so marking syncs
+    nothing: the host goes on queueing kernels, and a DDP bucket's or a streamed gradient's hand-off
+    costs no sync. On a CPU, whose work is done when each call returns, the host clock is the mark.
+    On MPS a timed event commits its command buffer (torch records it with syncEvent): a flush, not
+    a wait.
+
+    An emulated slower device (`slowdown` > 1) takes `slowdown` times as long for the same work:
+    each stop syncs, reads the span and waits (slowdown - 1) x its own time. That excludes the time
+    this thread waited for a CPU held by another process (Linux's schedstat): on one box the
+    emulated machines share cores, and multiplying those waits would slow the worker for the box's
+    crowding, not for its device. The CPU wait is read only then: no /proc read per step otherwise.
+    """
+
+    def __init__(self, device: torch.device, slowdown: float = 1.0) -> None:
+        self.device, self.slowdown = device, slowdown
+        self.events = device.type in ("cuda", "mps")
+        self.marks: list = []  # start, stop, start, stop ... since the last read
+        self.pool: list = []  # timing events, made once and recorded again every step
+        self.slowed_s = 0.0  # the slowed spans' seconds since the last read (they are read as they end)
+        self.started: tuple[float, float] | None = None  # a slowed span's (host clock, CPU wait) at its start
+
+    def start(self) -> None:
+        if len(self.marks) % 2:  # a span a failure left open (a step redone): dropped
+            self._drop(self.marks.pop())
+        if self.slowdown > 1.0:
+            self.started = (now(self.device), cpu_wait())
+            self.marks.append(self.started[0])
+        else:
+            self.marks.append(self._mark())
+
+    def stop(self) -> None:
+        if self.slowdown <= 1.0:
+            self.marks.append(self._mark())
+            return
+        start, waited = self.started
+        seconds = now(self.device) - start
+        delay = (self.slowdown - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
+        if delay > 0:
+            slept_from = time.perf_counter()
+            time.sleep(delay)
+            # the wait as it elapsed: on a busy box a sleep ends late, and a streamed step sleeps at
+            # every hand-off; what it overran by would otherwise read as the strategy's sync overhead
+            delay = time.perf_counter() - slept_from
+        self.slowed_s += seconds + delay
+        self.marks.append(time.perf_counter())
+
+    def read(self) -> Reading:
+        """The spans since the last read (one device sync; none where nothing was marked), then none."""
+        marks, work_s = self.marks, self.slowed_s
+        self.marks, self.slowed_s = [], 0.0
+        if len(marks) % 2:
+            self._drop(marks.pop())
+        if not marks:
+            return Reading(0.0, 0.0)
+        if self.slowdown > 1.0:  # host clocks, read after a sync at each end
+            return Reading(work_s, marks[-1] - marks[0])
+        synchronize(self.device)
+        if self.events:
+            seconds = [a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:])]
+            self.pool.extend(marks)
+        else:
+            seconds = [b - a for a, b in zip(marks, marks[1:])]
+        return Reading(sum(seconds[::2]), sum(seconds))
+
+    def _mark(self):
+        if not self.events:
+            return time.perf_counter()
+        event = self.pool.pop() if self.pool else self._event()
+        event.record()
+        return event
+
+    def _drop(self, mark) -> None:
+        if self.events:
+            self.pool.append(mark)
+
+    def _event(self):
+        if self.device.type == "cuda":
+            return torch.cuda.Event(enable_timing=True)
+        return torch.mps.Event(enable_timing=True)

@@ -49,7 +49,9 @@ class LocalReplica(RayReplica):
         if weights is not None:
             self.flat.load_params(from_wire(self.weights_in(weights)))
             self.round_start.copy_(self.flat.params)
-        seconds = self.local_step(step) + self.work(self.optimizer.step)
+        self.local_step(step)
+        self.work(self.optimizer.step)
+        seconds = self.watch.read().work_s
         self.taken = (step, seconds)
         return seconds
 

@@ -81,7 +81,8 @@ class RayReplica(Replica):
         def post(offset: int, grad: torch.Tensor) -> None:
             self.channel.post(ticket, to_wire(grad, wire).copy(), offset)
 
-        return [Sent(self.spec.name, ticket)], self.streamed_step(step, post)
+        self.streamed_step(step, post)
+        return [Sent(self.spec.name, ticket)], self.watch.read().work_s
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
         # the weights fetched first: their way down is part of my wait for them, not of my compute

@@ -20,6 +20,7 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -106,7 +107,7 @@ def train_loop(config: dict) -> None:
         window: list[float] = []  # my computes since the split last changed
         near = near if repeat == first_repeat else False  # the driver's word at each check (Schedule.near)
         for step in range(first_step if repeat == first_repeat else 0, schedule.total(repeat)):
-            start = now(rank.device)
+            start = time.perf_counter()  # the device is idle: the last train_step read its stopwatch
             # (1)-(3) as torch-ddp's ranks: my own work is my compute and update, as on one device
             own_s, _ = rank.train_step(step)
             window.append(own_s)
@@ -115,7 +116,7 @@ def train_loop(config: dict) -> None:
                 split, window = gathered_split(job, rank, window), []
                 if split is not None:
                     rank.resplit(split, index)
-            step_s = now(rank.device) - start
+            step_s = time.perf_counter() - start
             evaluated = schedule.evaluates(repeat, step, near)
             # the driver makes the step's timing of them (StepTiming.synchronous), as for torch-ddp
             timing = {"compute_s": own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}

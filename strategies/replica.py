@@ -9,7 +9,7 @@ import time
 
 import torch
 
-from hetbench.clock import cpu_wait, now
+from hetbench.clock import Stopwatch
 from hetbench.cluster.collective import operating_system
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Job, WorkerConfig
@@ -36,6 +36,7 @@ class Replica:
     spec: WorkerConfig  # my configured worker
     batches: list[int]  # every live worker's samples per step, in rank order
     device: torch.device
+    watch: Stopwatch  # my device work's seconds, read once a step
     images: torch.Tensor  # the training split, on my device
     labels: torch.Tensor
     # from reset:
@@ -59,6 +60,7 @@ class Replica:
         self.device = resolve_device(self.spec.device)
         train = cached_mnist(job.run, announce=False)[0]
         self.images, self.labels = train.tensors(self.device)
+        self.watch = Stopwatch(self.device, self.spec.slowdown)
         return {
             "name": self.spec.name,
             "device": str(self.device),
@@ -86,6 +88,7 @@ class Replica:
         os.kill(os.getpid(), signal.SIGKILL)
 
     def reset(self, seed: int) -> None:
+        self.watch.read()  # what a failed step left marked: not the next step's
         self.seed, self.returned_at = seed, None
         self.order = BatchOrder(len(self.labels), self.job.run.batch_size, seed, self.device)
         self.flat = FlatModel(build_model(self.job.run.dropout, seed).to(self.device))
@@ -107,19 +110,25 @@ class Replica:
         if after is not None:
             self.shared.wait_weights(after)
         self.flat.load_params(self.shared.weights)
-        compute_s = self.local_step(step)
+        self.local_step(step)
+        compute_s = self.watch.read().work_s
         self.shared.gradient(self.slot).copy_(self.flat.grads)
         if ticket is not None:
             self.shared.publish_gradient(self.slot, ticket)
         return self.slot, compute_s
 
     def gradient_at(self, weights, step: int) -> tuple:
-        """By value: (2a) load `weights` (wire dtype), (1) forward+backward on my slice of global
-        batch `step`; (2b) my gradient in the wire dtype (it may be my gradient buffer itself), and
-        the compute's seconds."""
-        self.flat.load_params(from_wire(weights))
-        compute_s = self.local_step(step)
+        """By value: as `computed_at`; (2b) my gradient in the wire dtype (it may be my gradient
+        buffer itself), and the compute's seconds."""
+        compute_s = self.computed_at(weights, step)
         return to_wire(self.flat.grads, self.job.run.wire_dtype), compute_s
+
+    def computed_at(self, weights, step: int) -> float:
+        """(2a) load `weights` (wire dtype), (1) forward+backward on my slice of global batch `step`
+        into my gradient buffer; the compute's seconds."""
+        self.flat.load_params(from_wire(weights))
+        self.local_step(step)
+        return self.watch.read().work_s
 
     def compute_after_idle(self, weights, step: int, ticket: int | None = None) -> tuple:
         """As `compute`, with the seconds since my previous one handed its gradient back: my gradient's
@@ -144,10 +153,10 @@ class Replica:
             optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
             for step in range(warmup + steps):
                 if step == warmup:
-                    start = now(self.device)
+                    self.watch.read()  # the warmup's spans: not timed
                 self.local_step(step)
                 self.work(optimizer.step)
-            return self.job.run.batch_size * steps / (now(self.device) - start)
+            return self.job.run.batch_size * steps / self.watch.read().span_s
         finally:
             self.batches, self.rank = batches, rank
 
@@ -156,22 +165,22 @@ class Replica:
         index = worker_slice(self.order(step), self.batches, self.rank)
         return self.images[index], self.labels[index], dropout_keys(self.seed, step, index)
 
-    def local_step(self, step: int) -> float:
-        """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient; its seconds
-        (gathering the batch is compute: it runs on my device, as a one-device loop's does)."""
-        return self.work(lambda: self.compute_gradient(step))
+    def local_step(self, step: int) -> None:
+        """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient, on my
+        stopwatch (gathering the batch is compute: it runs on my device, as a one-device loop's does)."""
+        self.work(lambda: self.compute_gradient(step))
 
-    def streamed_step(self, step: int, send) -> float:
+    def streamed_step(self, step: int, send) -> None:
         """As `local_step`, with (2b) each parameter's gradient handed to `send(offset, gradient)` as
-        backward has it (the last layer's first), as DDP sends a bucket; the compute's seconds, not
-        the sending's. An emulated slower device's delay is spread the same way: each hand-off comes
+        backward has it (the last layer's first), as DDP sends a bucket; the sending is off my
+        stopwatch. An emulated slower device's delay is spread the same way: each hand-off comes
         after its share of the delay, as a slower device would produce that gradient later."""
-        started, computed = [self.clock_in()], [0.0]
+        self.watch.start()
 
         def hand_off(offset: int, size: int) -> None:
-            computed[0] += self.clock_out(started[0])
+            self.watch.stop()
             send(offset, self.flat.grads[offset : offset + size])
-            started[0] = self.clock_in()
+            self.watch.start()
 
         hooks = [
             param.register_post_accumulate_grad_hook(lambda _, o=offset, n=size: hand_off(o, n))
@@ -182,7 +191,7 @@ class Replica:
         finally:
             for hook in hooks:
                 hook.remove()
-        return computed[0] + self.clock_out(started[0])
+        self.watch.stop()
 
     def compute_gradient(self, step: int) -> None:
         images, labels, keys = self.my_batch(step)
@@ -190,35 +199,9 @@ class Replica:
         self.flat.zero_grad()
         forward_backward(self.flat.model, images, labels, keys)
 
-    def work(self, device_work, settled: bool = False) -> float:
-        """Run `device_work`; its seconds on this worker's device, slowed `slowdown` times when emulated.
-        `settled`: nothing of mine is queued on the device (my last clock_out synced it and no kernel
-        was launched since), so the clock starts without a sync of its own."""
-        started = self.clock_in(sync=not settled)
+    def work(self, device_work) -> None:
+        """Run `device_work` on my stopwatch: its seconds on my device (slowed `slowdown` times when
+        emulated) are read with the step's others, after one sync (`self.watch.read()`)."""
+        self.watch.start()
         device_work()
-        return self.clock_out(started)
-
-    def clock_in(self, sync: bool = True) -> tuple[float, float]:
-        # the CPU-wait reading only corrects an emulated slowdown: no /proc read per step without one
-        return now(self.device) if sync else time.perf_counter(), cpu_wait() if self.spec.slowdown > 1.0 else 0.0
-
-    def clock_out(self, started: tuple[float, float]) -> float:
-        """Seconds of device work since `clock_in`, slowed `slowdown` times when emulated.
-
-        An emulated slower device takes `slowdown` times as long for the same work: we wait
-        (slowdown - 1) x the work's own time. That excludes the time this thread waited for a CPU
-        held by another process: on one box the emulated machines share cores, and multiplying those
-        waits would slow the worker for the box's crowding, not for its device.
-        """
-        start, waited = started
-        seconds = now(self.device) - start
-        if self.spec.slowdown <= 1.0:
-            return seconds
-        delay = (self.spec.slowdown - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
-        if delay > 0:
-            slept_from = time.perf_counter()
-            time.sleep(delay)
-            # the wait as it elapsed: on a busy box a sleep ends late, and a streamed step sleeps at
-            # every hand-off; what it overran by would otherwise read as the strategy's sync overhead
-            delay = time.perf_counter() - slept_from
-        return seconds + delay
+        self.watch.stop()

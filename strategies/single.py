@@ -32,27 +32,20 @@ class OneDevice(Replica):
         self.batches, self.rank = [job.run.batch_size], 0
         return {**info, "batch": job.run.batch_size}
 
-    settled = False  # my last train_step's closing clock synced the device, and nothing was queued since
-
     def reset(self, seed: int) -> None:
         super().reset(seed)
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
-        self.settled = False  # the new model's copies to the device may still be queued
 
     def train_step(self, step: int) -> float:
-        """The step's seconds, one clock around it: on a GPU each clock read is a device sync, so the
-        clock starts where the last step's sync left the device idle (one sync a step, not two)."""
-
-        def step_body() -> None:
-            # (1) compute: forward + backward on this step's whole batch
-            self.compute_gradient(step)
-            # (2) combine: nothing to combine on one device
-            # (3) update
-            self.optimizer.step()
-
-        seconds = self.work(step_body, settled=self.settled)
-        self.settled = True
-        return seconds
+        """The step's seconds on my device: marked on its queue at both ends, read after one sync."""
+        self.watch.start()
+        # (1) compute: forward + backward on this step's whole batch
+        self.compute_gradient(step)
+        # (2) combine: nothing to combine on one device
+        # (3) update
+        self.optimizer.step()
+        self.watch.stop()
+        return self.watch.read().work_s
 
     def weights(self) -> torch.Tensor:
         return self.flat.params.detach().to("cpu", copy=True)
@@ -62,7 +55,6 @@ class OneDevice(Replica):
 
     def load_state(self, state: dict) -> None:
         load_train_state(self.flat, self.optimizer, state)
-        self.settled = False
 
 
 class Single(Strategy):

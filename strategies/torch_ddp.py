@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import PowerSGDState
 from torch.nn.parallel import DistributedDataParallel
 
-from hetbench.clock import now
 from hetbench.cluster.collective import Joined, join_group, rendezvous
 from hetbench.cluster.place import place
 from hetbench.config import Job, setting
@@ -52,9 +51,6 @@ class DDPRank(Replica):
     staging: dict[int, torch.Tensor]  # bucket index -> its CPU buffer, reused every step
     powersgd: PowerSGDState | None  # PowerSGD's state (its error feedback), where it compresses
     optimizer: torch.optim.Optimizer
-    # within a step, for _allreduce:
-    computed = 0.0  # my compute's seconds so far
-    started: tuple[float, float] = (0.0, 0.0)  # clock_in of my compute since the last bucket
 
     def listen(self, master: str, world: int) -> int:
         """Rank 0: the group's rendezvous, held open at `master`; the port the others join at."""
@@ -107,21 +103,22 @@ class DDPRank(Replica):
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
 
     def train_step(self, step: int) -> tuple[float, float]:
-        """My own work's seconds (gathering my slice, compute and update, as on one device) and the whole step's."""
-        start = now(self.device)
-        self.computed, self.started = 0.0, self.clock_in()
+        """My own work's seconds (gathering my slice, compute and update, as on one device) and the
+        whole step's: my stopwatch stops while a bucket is all-reduced, and is read once, at the end."""
+        self.watch.start()
         images, labels, keys = self.my_batch(step)
         self.flat.zero_grad()
         # (1) forward + backward on my slice; (2) runs inside backward, in _allreduce, bucket by bucket
         forward_backward(self.ddp, images, labels, keys)
         # (3) the same optimizer step on every rank
-        own_s = self.computed + self.work(self.optimizer.step)
-        return own_s, now(self.device) - start
+        self.work(self.optimizer.step)
+        reading = self.watch.read()
+        return reading.work_s, reading.span_s
 
     def _allreduce(self, _state, bucket):  # unannotated: DDP checks the annotations, which are strings here
         """(2) one bucket, as backward fills it: x my batch share, SUM over the group in the wire
         dtype, staged on CPU (gloo takes no MPS tensors); DDP copies the result into the gradients."""
-        self.computed += self.clock_out(self.started)  # my compute so far (an emulated slow device waits here)
+        self.watch.stop()  # my compute so far (an emulated slow device waits here)
         share, buffer = batch_shares(self.batches)[self.rank], bucket.buffer()
         if self.powersgd:
             staging = None if gloo_takes(buffer.device) else self._staging(bucket.index(), buffer, "float32")
@@ -129,7 +126,8 @@ class DDPRank(Replica):
         else:
             wire = self.job.run.wire_dtype
             reduced = weighted_allreduce(buffer, share, wire, self._staging(bucket.index(), buffer, wire))
-        self.started = self.clock_in()
+        if not bucket.is_last():  # after the last bucket backward only waits for the all-reduces
+            self.watch.start()
         return reduced
 
     def _staging(self, index: int, buffer: torch.Tensor, dtype: str) -> torch.Tensor:

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from hetbench.clock import cpu_wait
+from hetbench import clock
+from hetbench.clock import Stopwatch, cpu_wait
 from hetbench.config import WorkerConfig
 from hetbench.strategies import replica
 
@@ -16,20 +17,28 @@ from hetbench.strategies import replica
 def replica_slowed(factor: float) -> replica.Replica:
     worker = replica.Replica()
     worker.spec, worker.device = WorkerConfig(slowdown=factor), torch.device("cpu")
+    worker.watch = Stopwatch(worker.device, factor)
     return worker
+
+
+def worked(factor: float, device_work) -> float:
+    """`device_work`'s seconds on a worker slowed `factor` times, as its stopwatch reads them."""
+    worker = replica_slowed(factor)
+    worker.work(device_work)
+    return worker.watch.read().work_s
 
 
 def test_an_emulated_worker_waits_slowdown_minus_one_times_its_work():
     started = time.perf_counter()
-    seconds = replica_slowed(3.0).work(lambda: time.sleep(0.1))
+    seconds = worked(3.0, lambda: time.sleep(0.1))
     assert seconds == pytest.approx(0.3, abs=0.05)
     assert time.perf_counter() - started == pytest.approx(seconds, abs=0.01)  # it really waited
 
 
 def test_time_spent_waiting_for_a_cpu_is_not_multiplied(monkeypatch):
     waits = iter([0.0, 0.04])  # the thread waited 40 ms of the work's 100 for a CPU held elsewhere
-    monkeypatch.setattr(replica, "cpu_wait", lambda: next(waits))
-    seconds = replica_slowed(3.0).work(lambda: time.sleep(0.1))
+    monkeypatch.setattr(clock, "cpu_wait", lambda: next(waits))
+    seconds = worked(3.0, lambda: time.sleep(0.1))
     assert seconds == pytest.approx(0.1 + 2 * 0.06, abs=0.05)
 
 
@@ -37,13 +46,13 @@ def test_an_emulated_wait_counts_as_long_as_it_took(monkeypatch):
     sleep = time.sleep
     monkeypatch.setattr(time, "sleep", lambda s: sleep(s + 0.05))  # a busy box wakes the worker late
     started = time.perf_counter()
-    seconds = replica_slowed(3.0).work(lambda: spin(0.1))
+    seconds = worked(3.0, lambda: spin(0.1))
     assert seconds == pytest.approx(0.35, abs=0.03)  # its work, the 0.2 s asked for and the 0.05 overrun
     assert time.perf_counter() - started == pytest.approx(seconds, abs=0.01)
 
 
 def test_a_worker_not_slowed_takes_its_own_time():
-    assert replica_slowed(1.0).work(lambda: time.sleep(0.05)) == pytest.approx(0.05, abs=0.02)
+    assert worked(1.0, lambda: time.sleep(0.05)) == pytest.approx(0.05, abs=0.02)
 
 
 def spin(seconds: float) -> None:
@@ -88,7 +97,8 @@ def test_a_streamed_step_hands_off_each_gradient_as_backward_has_it_after_its_sh
         time.sleep(0.05)  # sending is not the device's work: neither counted nor slowed
 
     replica.compute_gradient = compute_gradient
-    seconds = replica.streamed_step(0, send)
+    replica.streamed_step(0, send)
+    seconds = replica.watch.read().work_s
     offsets = [offset for _, offset, _ in replica.flat.spans]
     assert [offset for offset, _, _ in sent] == offsets[::-1]  # the last layer's gradients first
     assert sent[0][2] == pytest.approx(0.3, abs=0.05)  # after the forward pass's share of the delay
