@@ -180,7 +180,11 @@ def powersgd_fraction(model: nn.Module, rank: int, min_compression_rate: float =
 def to_wire(flat: torch.Tensor, wire_dtype: str):
     """A flat buffer as it leaves for another process by value: a CPU numpy array in `wire_dtype`
     (float32: the buffer itself, no copy). numpy has no bfloat16: its bits travel as int16."""
-    wire = flat.detach().to("cpu", WIRE_DTYPES[wire_dtype])
+    return wire_array(flat.detach().to("cpu", WIRE_DTYPES[wire_dtype]))
+
+
+def wire_array(wire: torch.Tensor):
+    """A CPU tensor in a wire dtype as the numpy array that travels (its memory, no copy)."""
     return (wire.view(torch.int16) if wire.dtype == torch.bfloat16 else wire).numpy()
 
 

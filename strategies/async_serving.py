@@ -68,17 +68,15 @@ class ServingReplica(RayReplica):
                 return
             idle_s = self.idle_s()
             # (1) my slice of my next batch; (2b) my gradient up, after what the server needs to weigh it
-            gradient, compute_s = self.gradient_at(weights, step)
+            compute_s = self.computed_at(weights, step)
             idle = math.nan if idle_s is None else idle_s
             self.channel.post(version, np.array([compute_s, idle, self.samples]))
-            self.channel.post(version, gradient.copy())  # posted: my buffer is the next batch's
+            self.outbox.post([self.channel], version, self.flat.grads, self.job.run.wire_dtype)
             self.returned_at, step = time.perf_counter(), step + 1
 
 
 class ServingServer(RayServer):
     """ray-ps-async's server: applies each gradient as it comes and sends that worker its next weights."""
-
-    outgoing = None  # the master weights as they leave (the live buffer in float32: copied when sent)
 
     def __init__(self) -> None:
         super().__init__()
@@ -99,11 +97,10 @@ class ServingServer(RayServer):
 
     def _post(self, weights) -> None:
         """Down no channel yet: each worker is sent the weights it starts from, when it starts."""
-        self.outgoing = weights
 
     def send_to(self, name: str) -> list:
         """The newest weights down `name`'s channel, for the batch it starts next: [None, version]."""
-        self.channels[name].post(self.version, self.outgoing.copy())
+        self.outbox.post([self.channels[name]], self.version, self.flat.params, self.wire)
         return [None, self.version]
 
     def start_serving(self, batch_size: int, max_staleness: int, update_first: bool = True) -> int:

@@ -21,7 +21,7 @@ import torch
 from hetbench.clock import now
 from hetbench.config import Job, setting
 from hetbench.errors import UserError, WorkersLost
-from hetbench.gradients import from_wire, to_wire
+from hetbench.gradients import from_wire
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayReplica, RayServer
 from hetbench.workload import build_optimizer
@@ -33,12 +33,14 @@ class LocalReplica(RayReplica):
     # from reset:
     optimizer: torch.optim.Optimizer  # the inner one, stepping my replica between exchanges
     round_start: torch.Tensor  # my weights where the round began: my delta is taken from them
+    delta: torch.Tensor  # where my delta is taken to
     taken: tuple[int, float] | None  # the last step my replica took, and its seconds
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
         self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
         self.round_start = self.flat.params.detach().clone()
+        self.delta = torch.empty_like(self.round_start)  # reused every round
         self.taken = None
 
     def inner(self, weights: list | None, step: int) -> float:
@@ -58,7 +60,7 @@ class LocalReplica(RayReplica):
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         """The round's last step, then (2a) my delta to the server, as ray-ps sends a gradient."""
         compute_s = self.inner(weights, step)
-        delta = to_wire(self.round_start - self.flat.params, self.job.run.wire_dtype)
+        delta = torch.sub(self.round_start, self.flat.params, out=self.delta)
         return [self.gradient_out(delta, ticket)], compute_s
 
 

@@ -30,6 +30,7 @@ from hetbench.gradients import from_wire, to_wire
 from hetbench.strategies.parameter_server import ParameterServer, ParameterServerDriver
 from hetbench.strategies.replica import Replica
 from hetbench.transport.direct import Channel, Listener, Sent, gave_up, given_up, hello
+from hetbench.transport.outbox import Outbox
 
 TRANSPORTS = ("direct", "object-store")
 POLL_S = 0.2  # while no gradient comes up a channel, how often the server looks whether its call failed
@@ -51,11 +52,13 @@ class StreamOptions(RayPsOptions):
 
 class RayReplica(Replica):
     channel: Channel | None = None  # my own connection to the server, when I am off its node
+    outbox: Outbox  # what I post down it
     version = -1  # the version of the weights I last took from it
     held = None  # those weights
 
     def connect(self, address: tuple[str, int], greeting: bytes) -> bool:
         self.channel = Channel.connect(tuple(address), greeting, self.job.cluster.step_timeout_s)
+        self.outbox = Outbox()
         return self.channel is not None
 
     def disconnect(self) -> None:
@@ -68,18 +71,21 @@ class RayReplica(Replica):
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         if self.channel and ticket is not None and self.job.options.get("stream"):
             return self.streamed(self.weights_in(weights, after), step, ticket)
-        grad, compute_s = super().compute(None if self.shared else self.weights_in(weights, after), step, ticket, after)
-        return [grad if self.shared else self.gradient_out(grad, ticket)], compute_s
+        if self.shared:
+            slot, compute_s = super().compute(None, step, ticket, after)
+            return [slot], compute_s
+        compute_s = self.computed_at(self.weights_in(weights, after), step)
+        return [self.gradient_out(self.flat.grads, ticket)], compute_s
 
     def streamed(self, weights, step: int, ticket: int) -> tuple:
         """(2a) load `weights`, (1) forward+backward, (2b) each parameter's gradient posted up my
-        channel as backward has it, tagged with the step attempt (a copy: the buffer is the next
-        step's). The server puts them together at their offsets."""
+        channel as backward has it, tagged with the step attempt (through my outbox: the buffer is
+        the next step's). The server puts them together at their offsets."""
         self.flat.load_params(from_wire(weights))
         wire = self.job.run.wire_dtype
 
         def post(offset: int, grad: torch.Tensor) -> None:
-            self.channel.post(ticket, to_wire(grad, wire).copy(), offset)
+            self.outbox.post([self.channel], ticket, grad, wire, offset)
 
         self.streamed_step(step, post)
         return [Sent(self.spec.name, ticket)], self.watch.read().work_s
@@ -127,12 +133,13 @@ class RayReplica(Replica):
             if not missing:
                 return tag, weights
 
-    def gradient_out(self, grad, ticket: int | None) -> Sent | ray.ObjectRef:
-        """(2b) my gradient over my channel, tagged with the step attempt, else into the object store.
-        Posted (a copy: it may be my gradient buffer itself), so no dead link holds this call."""
+    def gradient_out(self, grad: torch.Tensor, ticket: int | None) -> Sent | ray.ObjectRef:
+        """(2b) my gradient (a buffer on my device) over my channel, tagged with the step attempt,
+        else into the object store in the wire dtype. Posted (through my outbox: the buffer is the
+        next step's), so no dead link holds this call."""
         if self.channel is None:
-            return ray.put(grad)
-        self.channel.post(ticket, grad.copy())
+            return ray.put(to_wire(grad, self.job.run.wire_dtype))
+        self.outbox.post([self.channel], ticket, grad, self.job.run.wire_dtype)
         return Sent(self.spec.name, ticket)
 
 
@@ -144,6 +151,7 @@ class RayServer(ParameterServer):
 
     def __init__(self) -> None:
         self.channels: dict[str, Channel] = {}  # worker name -> its direct channel
+        self.outbox = Outbox()  # what goes down them
         self.incoming: dict[str, object] = {}  # worker name -> the buffer its gradient's parts fill
 
     def listen(self, port: int, timeout_s: float) -> tuple | None:
@@ -224,11 +232,10 @@ class RayServer(ParameterServer):
         return check
 
     def _post_part(self, offset: int, size: int) -> None:
-        """One parameter's new weights down every channel (a copy: the master weights move on), tagged
-        with the version they are part of."""
-        posted = to_wire(self.flat.params[offset : offset + size], self.wire).copy()
-        for channel in self.channels.values():
-            channel.post(self.version + 1, posted, offset)
+        """One parameter's new weights down every channel (through the outbox: the master weights move
+        on), tagged with the version they are part of."""
+        part = self.flat.params[offset : offset + size]
+        self.outbox.post(list(self.channels.values()), self.version + 1, part, self.wire, offset)
 
     def _give_up(self, attempts: set[int]) -> None:
         """These step attempts' updates will not run: each worker waiting down its channel for their
@@ -257,10 +264,9 @@ class RayServer(ParameterServer):
         return [ray.put(weights) if self.object_store else None, self.version]
 
     def _post(self, weights) -> None:
+        """The new master weights (`weights` as they leave by value) down every channel, through the outbox."""
         if self.channels:
-            posted = weights.copy()
-            for channel in self.channels.values():
-                channel.post(self.version, posted)
+            self.outbox.post(list(self.channels.values()), self.version, self.flat.params, self.wire)
 
 
 class RayParameterServer(ParameterServerDriver):

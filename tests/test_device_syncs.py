@@ -11,6 +11,7 @@ import torch.distributed as dist
 from hetbench.config import load_config
 from hetbench.gradients import to_wire
 from hetbench.transport.direct import Channel
+from hetbench.transport.outbox import Outbox
 
 
 @pytest.fixture
@@ -78,10 +79,11 @@ def test_a_streamed_parameter_server_worker_syncs_once_a_step_not_once_a_paramet
     from hetbench.strategies.ray_ps import RayReplica
 
     replica = worker(RayReplica, strategy="ray-ps")
-    replica.channel = mock.create_autospec(Channel, instance=True)
+    replica.channel, replica.outbox = mock.create_autospec(Channel, instance=True), Outbox()
     weights = to_wire(replica.flat.params, "float32")
     assert per_step(syncs, lambda step: replica.streamed(weights, step, ticket=step)) == [1, 1, 1]
     assert replica.channel.post.call_count == 4 * len(replica.flat.spans)  # every parameter, each step
+    assert replica.outbox.made == 4 * len(replica.flat.spans)  # none sent (a mock): none taken again
 
 
 def test_a_parameter_server_and_a_local_sgd_worker_sync_once_a_step(syncs):

@@ -159,3 +159,44 @@ def test_an_unreachable_server_is_none_not_an_error():
     address = listener.address
     listener.close()
     assert Channel.connect(address, b"", timeout_s=1) is None
+
+
+def test_an_outbox_posts_what_its_source_held_and_reuses_each_buffer_once_every_channel_sent_it():
+    from hetbench.transport.outbox import Outbox
+
+    listener = Listener("127.0.0.1", 0, timeout_s=10)
+    workers = [Channel.connect(listener.address, hello(listener.secret, n), timeout_s=10) for n in ("a", "b")]
+    ends = listener.accept(["a", "b"])
+    listener.close()
+    try:
+        outbox, weights = Outbox(), torch.arange(1_250_000, dtype=torch.float32)
+        for version in range(1, 4):
+            outbox.post(list(ends.values()), version, weights, "float32")
+            weights += 1  # the master weights move on at once: what was posted does not
+            for worker in workers:
+                assert worker.receive(version)[:2].tolist() == [version - 1, version]
+        assert outbox.made == 1  # a steady stream of posts, sent before the next: one buffer in all
+        part = weights[10:20]
+        outbox.post([ends["a"]], 4, part, "bfloat16", offset=10)  # a part, in another dtype: its own buffer
+        tag, offset, array = workers[0].receive_part(4)
+        assert (tag, offset) == (4, 10) and torch.equal(from_wire(array), part.to(torch.bfloat16).float())
+        assert outbox.made == 2
+    finally:
+        for channel in [*workers, *ends.values()]:
+            channel.close()
+
+
+def test_a_buffer_down_a_channel_not_yet_sent_is_not_taken_again():
+    from unittest import mock
+
+    from hetbench.transport.outbox import Outbox
+
+    stuck = mock.create_autospec(Channel, instance=True)  # posted, never sent: its callback never comes
+    outbox = Outbox()
+    outbox.post([stuck], 1, torch.ones(4), "float32")
+    outbox.post([stuck], 2, torch.zeros(4), "float32")
+    first, second = (call.args[1] for call in stuck.post.call_args_list)
+    assert outbox.made == 2 and first.tolist() == [1, 1, 1, 1] and second.tolist() == [0, 0, 0, 0]
+    stuck.post.call_args_list[0].args[3]()  # the first is sent now
+    outbox.post([stuck], 3, torch.full((4,), 3.0), "float32")
+    assert outbox.made == 2 and first.tolist() == [3, 3, 3, 3]  # its memory carries the next post

@@ -68,7 +68,7 @@ class Channel:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock, self.timeout_s = sock, timeout_s
         self.inbox: queue.Queue = queue.Queue()
-        self.outbox: queue.Queue = queue.Queue()  # what `post` leaves for the sender thread
+        self.unsent: queue.Queue = queue.Queue()  # what `post` leaves for the sender thread
         self.send_lock = threading.Lock()
         self.broken = False  # a send failed: the other end is gone, or unreachable past the timeout
         threading.Thread(target=self._read, daemon=True, name="direct-reader").start()
@@ -97,10 +97,11 @@ class Channel:
             self.broken = True
             return False
 
-    def post(self, tag: int, array: np.ndarray, offset: int = 0) -> None:
+    def post(self, tag: int, array: np.ndarray, offset: int = 0, sent=None) -> None:
         """`send` from a thread of the channel's own, so the caller never waits for the other end
-        (e.g. one behind a cut link). `array` must not change until it is sent: post a copy."""
-        self.outbox.put((tag, offset, array))
+        (e.g. one behind a cut link). `array` must not change until it is sent: post a copy (an
+        Outbox's), and `sent()` is called once it is."""
+        self.unsent.put((tag, offset, array, sent))
 
     def receive(self, tag: int, timeout_s: float | None = None) -> np.ndarray:
         """The first message tagged `tag` or later; Silent when none came within `timeout_s` (default:
@@ -161,7 +162,7 @@ class Channel:
                 return got_tag, offset, array, came_in
 
     def close(self) -> None:
-        self.outbox.put((-1, 0, None))
+        self.unsent.put((-1, 0, None, None))
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -170,9 +171,11 @@ class Channel:
 
     def _send_posted(self) -> None:
         while not self.broken:
-            tag, offset, array = self.outbox.get()
+            tag, offset, array, sent = self.unsent.get()
             if array is None or not self.send(tag, array, offset):
                 return
+            if sent:
+                sent()
 
     def _read(self) -> None:
         try:
