@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import traceback
@@ -78,7 +79,9 @@ def cmd_report(args) -> int:
 def cmd_worker(args) -> int:
     from hetbench.cluster.worker import run_worker
 
-    return run_worker(args.head, args.label, args.name or args.label, args.ray_port, args.dask_port, args.timeout)
+    return run_worker(
+        args.head, args.label, args.name or args.label, args.ray_port, args.dask_port, args.timeout, args.device
+    )
 
 
 def cmd_devices(args) -> int:
@@ -168,6 +171,12 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("--ray-port", type=int, default=HEAD_RAY_PORT, help="the head's Ray (GCS) port")
     worker.add_argument("--dask-port", type=int, default=HEAD_DASK_PORT, help="the head's Dask scheduler port")
     worker.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the head to answer")
+    worker.add_argument(
+        "--device",
+        default=os.environ.get("MAC_DEVICE") or "mps",
+        help="what this machine trains on, checked with a forward and backward pass before it joins "
+        "(MAC_DEVICE; cpu: join without MPS)",
+    )
     worker.set_defaults(func=cmd_worker)
 
     devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")

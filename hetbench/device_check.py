@@ -5,12 +5,13 @@ old driver shows up only as "no CUDA device". Each refusal is one sentence with 
 
 from __future__ import annotations
 
+import platform
 import shutil
 import subprocess
 
 import torch
 
-from hetbench.devices import describe, resolve_device, synchronize
+from hetbench.devices import describe, mps_available, resolve_device, synchronize
 from hetbench.errors import UserError
 from hetbench.workload import build_model, dropout_keys, forward_backward
 
@@ -54,11 +55,14 @@ def check_driver(gpu: dict | None) -> None:
         )
 
 
-def require(spec: str, read_gpu=nvidia_smi) -> list[str]:
-    """The gate: `spec` resolved, the driver and GPU checked where it is CUDA, one forward and backward
-    pass of the model run there. What it found, as lines to print; one sentence if it refuses."""
+def require(spec: str, read_gpu=nvidia_smi, fix: str | None = None) -> list[str]:
+    """The gate: `spec` resolved, the driver and GPU checked where it is CUDA, why MPS is missing where
+    it is MPS, one forward and backward pass of the model run there. What it found, as lines to print;
+    one sentence if it refuses, ending in `fix` where given (the Mac's: join on its CPU)."""
     spec = spec.strip().lower()
     cuda, gpu = spec.startswith("cuda"), None
+    if spec == "mps" and not mps_available():
+        raise UserError(f"MPS is not available here: {why_no_mps()}" + (f"; {fix}" if fix else ""))
     if cuda:
         gpu = read_gpu(int(spec.partition(":")[2] or 0))
         if torch.version.cuda is None:
@@ -73,13 +77,24 @@ def require(spec: str, read_gpu=nvidia_smi) -> list[str]:
                 "container toolkit and run `nvidia-ctk runtime configure --runtime=docker`, then restart Docker"
             )
     device = resolve_device(spec)
-    trained(device)
+    try:
+        trained(device)
+    except UserError as e:
+        raise UserError(f"{e}; {fix}" if fix else str(e)) from None
     found = [f"{spec}: {describe(device)} trains the model (one forward and backward pass)"]
     if cuda:
         major, minor = torch.cuda.get_device_capability(device)
         driver = gpu["driver"] if gpu else "unknown (no nvidia-smi)"
         found.append(f"torch {torch.__version__}, CUDA {torch.version.cuda}, driver {driver}, compute {major}.{minor}")
     return found
+
+
+def why_no_mps() -> str:
+    if platform.system() != "Darwin":
+        return f"this is {platform.system()}, and MPS is Apple's (macOS 14 or newer on Apple Silicon)"
+    if not torch.backends.mps.is_built():
+        return "this torch was built without it (deploy/install.sh installs torch's macOS arm64 wheel)"
+    return "macOS gives torch no Metal device (MPS needs macOS 14 or newer on Apple Silicon, not in a VM)"
 
 
 def trained(device: torch.device) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 
 import torch
 
@@ -10,9 +11,10 @@ from hetbench.cores import usable_cores
 from hetbench.errors import UserError
 
 AUTO = "auto"
+NODE_DEVICE_ENV = "HETBENCH_NODE_DEVICE"  # the device a joined machine was checked on (cluster/worker.py)
 
 
-def _mps_available() -> bool:
+def mps_available() -> bool:
     mps = getattr(torch.backends, "mps", None)
     return bool(mps and mps.is_available())
 
@@ -20,7 +22,7 @@ def _mps_available() -> bool:
 def available_devices() -> list[str]:
     """Every device this process can use, fastest kind first."""
     found = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
-    if _mps_available():
+    if mps_available():
         found.append("mps")
     return found + ["cpu"]
 
@@ -41,11 +43,28 @@ def resolve_device(spec: str = AUTO) -> torch.device:
                 f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})"
             )
         return torch.device("cuda", index)
-    if device.type == "mps" and not _mps_available():
+    if device.type == "mps" and not mps_available():
         raise UserError(f"device '{spec}' is not available here (this machine has: {', '.join(available_devices())})")
     if device.type not in ("cpu", "mps"):
         raise UserError(f"unknown device '{spec}': use auto, cpu, mps, cuda or cuda:N")
     return device
+
+
+def node_device(name: str, configured: str) -> torch.device:
+    """Where configured worker `name` trains on this node: as configured, unless the node joined with
+    a device of its own (`hetbench worker --device`, MAC_DEVICE), which `auto` takes and another GPU
+    kind contradicts: the machine's owner checked that one, and said so."""
+    joined = os.environ.get(NODE_DEVICE_ENV, "").strip().lower()
+    configured = (configured or AUTO).strip().lower()
+    if joined and configured == AUTO:
+        return resolve_device(joined)
+    kind = configured.partition(":")[0]
+    if joined and kind not in ("cpu", joined.partition(":")[0]):
+        raise UserError(
+            f"worker '{name}' is configured for {configured}, but its machine joined the cluster to train on "
+            f"{joined} (MAC_DEVICE={joined}): set the same MAC_DEVICE in the desktop's .env and on the Mac"
+        )
+    return resolve_device(configured)
 
 
 def synchronize(device: torch.device) -> None:

@@ -15,7 +15,7 @@ from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
 from hetbench.data import cached_mnist
-from hetbench.devices import configure_threads, keep_freed_memory, resolve_device, set_precision
+from hetbench.devices import configure_threads, keep_freed_memory, node_device, set_precision
 from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
@@ -57,7 +57,7 @@ class Replica:
         self.job, self.rank = job, rank
         self.spec = job.workers[rank]
         self.batches = [w.batch for w in job.workers]
-        self.device = resolve_device(self.spec.device)
+        self.device = node_device(self.spec.name, self.spec.device)
         train = cached_mnist(job.run, announce=False)[0]
         self.images, self.labels = train.tensors(self.device)
         self.watch = Stopwatch(self.device, self.spec.slowdown)

@@ -5,6 +5,7 @@ the console script itself: help, one bad input and one tiny run."""
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -234,10 +235,21 @@ def test_devices_and_strategies_list_what_is_here(cli):
     assert strategies.stdout.splitlines()[0].split() == ["single", "available"]
 
 
-def test_worker_refuses_a_head_nothing_answers_at(cli):
+def test_worker_refuses_a_head_nothing_answers_at(cli, monkeypatch):
+    monkeypatch.setenv("MAC_DEVICE", "cpu")  # this machine has no MPS: it joins as a Mac without one must
     result = cli("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
-    assert_one_line_error(result, "cannot reach 127.0.0.1:9 within 2 s")
+    checked, refused = result.stderr.splitlines()  # the device trained first, then the head was asked
+    assert checked == "hetbench worker: cpu: cpu trains the model (one forward and backward pass)"
+    assert_one_line_error(replace(result, stderr=refused), "cannot reach 127.0.0.1:9 within 2 s")
     assert "Windows desktop must let it through its Hyper-V firewall" in result.stderr
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="a machine with MPS")
+def test_a_worker_without_mps_is_refused_before_it_asks_the_head(cli, monkeypatch):
+    monkeypatch.delenv("MAC_DEVICE", raising=False)  # a Mac's default: MPS, checked by training on it
+    result = cli("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
+    assert_one_line_error(result, "MPS is not available here: this is Linux")
+    assert "set MAC_DEVICE=cpu here and in the desktop's .env" in result.stderr
 
 
 def test_worker_refuses_version_mismatch_in_one_sentence():

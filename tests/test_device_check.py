@@ -87,3 +87,39 @@ def test_precision_sets_tf32_off_or_on_and_is_what_a_worker_reports(tmp_path):
     finally:
         set_precision("tf32")  # torch's own defaults: cuDNN's TF32 on, cuBLAS's off
         torch.backends.cuda.matmul.allow_tf32 = False
+
+
+JOIN_ON_CPU = "to join on its CPU instead, set MAC_DEVICE=cpu"
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="a machine with MPS")
+def test_a_machine_without_mps_is_refused_with_the_way_to_join_on_its_cpu():
+    with pytest.raises(UserError, match="MPS is not available here: this is Linux, and MPS is Apple's") as refused:
+        device_check.require("mps", fix=JOIN_ON_CPU)
+    assert str(refused.value).endswith(JOIN_ON_CPU) and "\n" not in str(refused.value)
+
+
+def test_an_mps_that_cannot_train_the_model_is_refused_with_the_same_way_out(monkeypatch):
+    from hetbench import devices
+
+    monkeypatch.setattr(devices, "mps_available", lambda: True)
+    monkeypatch.setattr(device_check, "mps_available", lambda: True)
+
+    def fails(device):
+        raise UserError(f"the model does not train on {device}: MPS backend out of memory")
+
+    monkeypatch.setattr(device_check, "trained", fails)
+    with pytest.raises(UserError, match=f"does not train on mps: MPS backend out of memory; {JOIN_ON_CPU}"):
+        device_check.require("mps", fix=JOIN_ON_CPU)
+
+
+def test_a_node_that_joined_on_its_cpu_trains_there_and_refuses_a_worker_configured_for_a_gpu(monkeypatch):
+    from hetbench.devices import NODE_DEVICE_ENV, node_device
+
+    monkeypatch.delenv(NODE_DEVICE_ENV, raising=False)
+    assert node_device("mac", "cpu") == torch.device("cpu")  # not joined: as configured
+    monkeypatch.setenv(NODE_DEVICE_ENV, "cpu")  # `hetbench worker` with MAC_DEVICE=cpu
+    assert node_device("mac", "auto") == torch.device("cpu")  # auto takes the node's
+    assert node_device("mac", "cpu") == torch.device("cpu")
+    with pytest.raises(UserError, match="worker 'mac' is configured for mps, but its machine joined .* on cpu"):
+        node_device("mac", "mps")

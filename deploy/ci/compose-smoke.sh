@@ -162,9 +162,10 @@ say "joining as the mac node from namespace $MAC_NS: deploy/mac/worker.sh $HEAD_
 # with .ci/run's test set it would train on the whole offline sample, the desk on 4,000 of it
 # Its processes fail at any gloo group as a real Mac's do against a Linux desktop (no tcp transport
 # in Linux torch's gloo for GLOO_DEVICE_TRANSPORT=UV, the only one macOS's has) and report macOS:
-# every group must form on hetbench's TCP group (cluster/collective.py)
+# every group must form on hetbench's TCP group (cluster/collective.py). It has no MPS: it joins as
+# a Mac without one must, with MAC_DEVICE=cpu (as the desk's .env says)
 ip netns exec "$MAC_NS" env -u HETBENCH_DATA_DIR VENV="$WORK/mac-venv" RAY_AUTH_TOKEN_PATH="$WORK/ray-token" \
-  GLOO_DEVICE_TRANSPORT=UV HETBENCH_REPORTED_OS=Darwin \
+  GLOO_DEVICE_TRANSPORT=UV HETBENCH_REPORTED_OS=Darwin MAC_DEVICE=cpu \
   bash deploy/mac/worker.sh "$HEAD_HOST" --timeout 120 > "$WORK/worker.log" 2>&1 &
 WORKER_PID=$!
 

@@ -6,7 +6,9 @@
 # Creates (or reuses) ./.venv with the versions locked in deploy/constraints.txt (Python 3.11),
 # refuses in one sentence if they differ from the head's, then runs a Ray node and a Dask worker
 # labelled `mac` until Ctrl-C, which stops both; the Mac does not sleep meanwhile (caffeinate).
-# Works on Linux too (CI uses it as the "Mac", on CPU).
+# Before it joins, the model trains one forward and backward pass on MPS; MAC_DEVICE=cpu joins on
+# the CPU instead (set it in the desktop's .env too). Works on Linux too (CI uses it as the "Mac",
+# with MAC_DEVICE=cpu).
 set -euo pipefail
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
   echo "usage: $0 HEAD_HOST [hetbench worker options, e.g. --label mac]" >&2
@@ -32,7 +34,6 @@ VENV=${VENV:-.venv}
 if [ ! -x "$VENV/bin/hetbench" ]; then  # reused as it is otherwise: the version check below catches drift
   VENV="$VENV" bash deploy/install.sh
 fi
-export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=1  # Ray refuses multi-node clusters on macOS without it
 export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
   export RAY_AUTH_TOKEN_PATH=${RAY_AUTH_TOKEN_PATH:-$HOME/.config/hetbench/ray-token}

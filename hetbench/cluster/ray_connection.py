@@ -34,6 +34,9 @@ RAY_PROCESS_DEFAULTS = {
     # desktop image's 3.11.x (one bytecode and pickle format per minor release); worker.py checks the
     # minor release itself, with Ray, torch and hetbench's code
     "RAY_DEFAULT_PYTHON_VERSION_MATCH_LEVEL": "minor",
+    # Ray refuses to start a node that joins another, and gives a driver only loopback, on macOS (and
+    # Windows) without it: a Mac's `hetbench worker`, and local-multinode on a Mac (gpu-check.sh mps)
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
 }
 
 

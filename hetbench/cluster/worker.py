@@ -1,6 +1,7 @@
 """`hetbench worker --head HOST`: make this machine (the Mac) a node of the desktop's cluster.
 
-Checks that Python (to the minor release), Ray, torch and hetbench's own code match the head's
+Trains a forward and backward pass on the device it joins with (MPS unless MAC_DEVICE says cpu),
+checks that Python (to the minor release), Ray, torch and hetbench's own code match the head's
 (asked through the Dask scheduler, which runs on the head), then runs a Ray node advertising the
 label and a Dask worker carrying it, both listening only on this machine's address on its route
 to the head, on the fixed ports of nodes.py (warning when the head cannot reach the ephemeral
@@ -30,12 +31,15 @@ from hetbench.cluster.admission import (
 )
 from hetbench.cluster.nodes import DASK_NODE_ENV, DASK_WORKER_PORT, dask_worker_argv, fixed_port_args, ray_node_argv
 from hetbench.cluster.processes import stop_trees
+from hetbench.device_check import require
+from hetbench.devices import NODE_DEVICE_ENV
 from hetbench.errors import UserError
 
 log = logging.getLogger(__name__)
 
 REJOINS = 5  # times the Ray node is started again after the head dropped it (a Mac that slept)
 TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")  # the Ray node's only
+JOIN_ON_CPU = "to join on its CPU instead, set MAC_DEVICE=cpu here and in the desktop's .env"
 
 
 def node_commands(head: str, ray_port: int, dask_port: int, label: str, name: str) -> list[tuple[list[str], str]]:
@@ -46,20 +50,25 @@ def node_commands(head: str, ray_port: int, dask_port: int, label: str, name: st
     return [(ray, "ray"), (dask, "dask")]
 
 
-def node_environments(head: str) -> dict[str, dict]:
-    """The Ray node's and the Dask worker's environments: gloo on the interface toward the head; the
-    Ray token's variables for the Ray node only (Dask has no authentication: whoever reaches its
-    worker could read its environment)."""
-    env = {**os.environ, **DASK_NODE_ENV, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+def node_environments(head: str, device: str = "mps") -> dict[str, dict]:
+    """The Ray node's and the Dask worker's environments: gloo on the interface toward the head, the
+    device this machine was checked on (its workers train there: devices.node_device); the Ray
+    token's variables for the Ray node only (Dask has no authentication: whoever reaches its worker
+    could read its environment)."""
+    env = {**os.environ, **DASK_NODE_ENV, NODE_DEVICE_ENV: device, "RAY_USAGE_STATS_ENABLED": "0"}
     interface = interface_of(route_address(head))
     if interface:
         env["GLOO_SOCKET_IFNAME"] = interface
     return {"ray": env, "dask": {k: v for k, v in env.items() if k not in TOKEN_VARIABLES}}
 
 
-def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, timeout_s: float) -> int:
+def run_worker(
+    head: str, label: str, name: str, ray_port: int, dask_port: int, timeout_s: float, device: str = "mps"
+) -> int:
     scheduler, ray_address = f"tcp://{head}:{dask_port}", f"{head}:{ray_port}"
     check_machine()
+    for line in require(device, fix=JOIN_ON_CPU):  # as the desktop's gate does on cuda, before anything joins
+        say(line)
     try:
         for address in (ray_address, scheduler):
             check_reachable(address, timeout_s)
@@ -70,7 +79,7 @@ def run_worker(head: str, label: str, name: str, ray_port: int, dask_port: int, 
         ) from None
     check_versions(versions(), head_versions(scheduler, timeout_s))
     check_token()
-    envs = node_environments(head)
+    envs = node_environments(head, device)
     logs = tempfile.mkdtemp(prefix="hetbench-worker-")
     procs: dict[str, subprocess.Popen] = {}
     keep_logs = True  # logs are kept to read after a failure
