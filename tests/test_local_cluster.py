@@ -3,6 +3,7 @@ speed-proportional batches, link emulation, and nothing left running afterwards.
 
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -444,3 +445,18 @@ def test_a_stand_in_mac_forms_every_group_over_tcp_and_gloo_forced_is_refused_in
     for record in (failed, gloo_floor):
         assert "gloo cannot form a group between Darwin and Linux" in record["reason"], record["reason"]
     assert processes_mentioning(*cluster_addresses(records)) == {}
+
+
+@pytest.mark.slow
+def test_a_stand_in_macs_ray_node_refuses_to_join_without_rays_macos_flag_as_a_macs_does(tmp_path):
+    # what a Mac's Ray does unless told: no node joins another (hetbench's process defaults tell it)
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    one_row = ("strategies=[single]", "standalone_steps=0", "floor.enabled=false", "cluster.macos_nodes=[mac]")
+    refused = run_on_two_nodes(tmp_path, *one_row, env=env, timeout=120)
+    assert refused.returncode == 2 and "exited with 1 while starting (logs: " in refused.stderr
+    logs = Path(refused.stderr.split("(logs: ")[1].split(")")[0])
+    try:
+        assert "Multi-node Ray clusters are not supported on Windows and OSX" in (logs / "ray-mac.log").read_text()
+        assert "not supported" not in (logs / "ray-desktop.log").read_text()  # the Linux head's Ray starts
+    finally:
+        shutil.rmtree(logs, ignore_errors=True)

@@ -17,11 +17,35 @@ trap 'rm -rf "$LOG"' EXIT
 export PYTORCH_ENABLE_MPS_FALLBACK=0
 STEPS=() RESULTS=() SECONDS_TAKEN=()
 
+# Only what a stock Mac ships: macOS has neither GNU `timeout` nor `nproc` (CI runs this without them)
+set -m  # each background job its own process group: a step is stopped with everything it started
+limited() {  # limited LIMIT_S COMMAND...: the command, stopped after LIMIT_S (TERM, then KILL 10 s on); 124 then
+  local limit=$1 pid watchdog rc
+  shift
+  rm -f "$LOG/timed-out"
+  "$@" &
+  pid=$!
+  (
+    sleep "$limit"
+    touch "$LOG/timed-out"
+    kill -TERM -- "-$pid" 2>/dev/null
+    sleep 10
+    kill -KILL -- "-$pid" 2>/dev/null
+  ) >/dev/null 2>&1 &
+  watchdog=$!
+  wait "$pid"
+  rc=$?
+  kill -- "-$watchdog" 2>/dev/null
+  wait "$watchdog" 2>/dev/null
+  [ -e "$LOG/timed-out" ] && rc=124
+  return $rc
+}
+
 step() {  # step NAME TIMEOUT_S COMMAND...: run, keep its output, never stop the script
   local name=$1 limit=$2 started=$SECONDS rc
   shift 2
   echo "== $name"
-  timeout --kill-after=10 "$limit" "$@" >"$LOG/${#STEPS[@]}.out" 2>&1
+  limited "$limit" "$@" </dev/null >"$LOG/${#STEPS[@]}.out" 2>&1
   rc=$?
   tail -n 15 "$LOG/${#STEPS[@]}.out"
   case $rc in 0) result=ok ;; 124|137) result="timed out after ${limit} s" ;; *) result="failed ($rc)" ;; esac
@@ -29,7 +53,7 @@ step() {  # step NAME TIMEOUT_S COMMAND...: run, keep its output, never stop the
   echo "-- $name: $result"
 }
 
-MACHINE='uname -srm; echo "CPUs: $(nproc)"; if command -v nvidia-smi >/dev/null; then
+MACHINE='uname -srm; echo "CPUs: $(getconf _NPROCESSORS_ONLN)"; if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv; fi'
 
 if [ "$QUICK" = 1 ]; then  # the overhead check reports only: a shared CPU runner's noise is no GPU's overhead

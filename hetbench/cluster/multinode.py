@@ -39,6 +39,8 @@ HOST_IP = "127.0.0.1"
 # Mac's does against a Linux desktop (pytorch/gloo#383); and it reports macOS, so `auto` chooses
 # as on the real pair (cluster/collective.py).
 MAC_STAND_IN = {"GLOO_DEVICE_TRANSPORT": "UV", REPORTED_OS_ENV: "Darwin"}
+# What Ray does on macOS unless told otherwise: no node may join another (ray_constants.ENABLE_RAY_CLUSTER)
+MACOS_DEFAULTS = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 HEALTH_CHECKS = {
     "RAY_health_check_period_ms": "1000",
     "RAY_health_check_timeout_ms": "3000",
@@ -157,7 +159,10 @@ class LocalMultinode:
     def _env(self, label: str | None) -> dict:
         """The cluster's environment; behind a link, gloo told which interface is its end of it; on a
         stand-in Mac, gloo that fails as a Mac's does against Linux, and macOS reported."""
-        env = {**self.env, **(MAC_STAND_IN if label in self.macos else {})}
+        if label in self.macos:  # macOS's defaults under what this cluster sets, its stand-in's over it
+            env = {**MACOS_DEFAULTS, **self.env, **MAC_STAND_IN}
+        else:
+            env = self.env
         if label in self.links:
             return {**env, **self.links[label].gloo_env(inside=True)}
         if self.links and label == self.labels[0]:  # the head: the host end (one link per gloo peer)
