@@ -35,7 +35,7 @@ from hetbench import clock
 from hetbench.clock import cv, median, now
 from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.config import load_config
-from hetbench.data import cached_mnist
+from hetbench.data import cached_mnist, normalized
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.results.records import environment
 from hetbench.strategies.base import BatchOrder
@@ -162,6 +162,7 @@ def main() -> int:
     cfg = load_config(None, [f"workers=[{{batch: {args.batch}, device: {args.device}}}]"])
     device = resolve_device(args.device)
     images, labels = cached_mnist(cfg.run)[0].tensors(device)
+    images = normalized(images)  # the plain loops' batches come normalized, as the example's DataLoader gives them
 
     def make_loop(keyed: bool) -> Loop:
         return Loop(images, labels, args.batch, device, cfg, keyed)

@@ -11,7 +11,7 @@ import torch
 
 from hetbench.clock import now
 from hetbench.config import Fault, RunConfig
-from hetbench.data import Split
+from hetbench.data import Split, normalized
 from hetbench.errors import stop_if_interrupted
 from hetbench.gradients import FlatModel
 from hetbench.step_timing import StepTiming
@@ -99,7 +99,8 @@ class Evaluator:
     """Test accuracy of flat weights on the driver's CPU; its time never counts as training."""
 
     def __init__(self, test: Split, run: RunConfig) -> None:
-        self.images, self.labels = test.tensors("cpu")
+        images, self.labels = test.tensors("cpu")
+        self.images = normalized(images)  # once: every evaluation reads them
         self.flat = FlatModel(Net())  # evaluated in eval mode: the dropout rate plays no part
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))

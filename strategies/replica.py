@@ -14,7 +14,7 @@ from hetbench.cluster.collective import operating_system
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
-from hetbench.data import cached_mnist
+from hetbench.data import cached_mnist, normalized
 from hetbench.devices import configure_threads, keep_freed_memory, node_device, set_precision
 from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.strategies.base import BatchOrder, worker_slice
@@ -37,7 +37,7 @@ class Replica:
     batches: list[int]  # every live worker's samples per step, in rank order
     device: torch.device
     watch: Stopwatch  # my device work's seconds, read once a step
-    images: torch.Tensor  # the training split, on my device
+    images: torch.Tensor  # the training split, on my device, uint8 as it is stored
     labels: torch.Tensor
     # from reset:
     seed: int
@@ -161,9 +161,10 @@ class Replica:
             self.batches, self.rank = batches, rank
 
     def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """My slice of global batch `step`: images, labels and dropout keys, gathered on my device."""
+        """My slice of global batch `step`: images (normalized from my uint8 copy), labels and dropout
+        keys, gathered on my device."""
         index = worker_slice(self.order(step), self.batches, self.rank)
-        return self.images[index], self.labels[index], dropout_keys(self.seed, step, index)
+        return normalized(self.images[index]), self.labels[index], dropout_keys(self.seed, step, index)
 
     def local_step(self, step: int) -> None:
         """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient, on my

@@ -79,11 +79,12 @@ def test_the_overhead_check_counts_each_loops_kernels_and_syncs_per_step():
     import baseline_overhead as overhead
 
     from hetbench.config import load_config
-    from hetbench.data import cached_mnist
+    from hetbench.data import cached_mnist, normalized
     from hetbench.devices import resolve_device
 
     cfg = load_config(None, ["workers=[{batch: 16, device: cpu}]", "download=false"])
     images, labels = cached_mnist(cfg.run)[0].tensors(resolve_device("cpu"))
+    images = normalized(images)
     counts = overhead.count_steps(lambda keyed: overhead.Loop(images, labels, 16, "cpu", cfg, keyed), cfg)
     (examples, example_syncs, example_ops), (keyed, _, keyed_ops), (single, syncs, single_ops) = (
         counts[name] for name in ("examples", "keyed", "single")

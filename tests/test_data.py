@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from helpers import SHARED_MNIST, fake_split, small_config, write_idx
 from hetbench import data
@@ -195,3 +196,43 @@ def test_placed_workers_are_refused_when_their_data_differs(tmp_path):
         InProcess(cfg.cluster, cfg.workers, "test").setup(cfg)
     digests[1] = digests[0]
     assert [w["name"] for w in InProcess(cfg.cluster, cfg.workers, "test").setup(cfg)] == ["desk", "mac"]
+
+
+def test_training_images_stay_uint8_on_the_device_and_each_batch_is_normalized_as_the_whole_set_was():
+    split = data.Split(*fake_split(64), "fake")
+    images, labels = split.tensors()
+    assert images.dtype == torch.uint8 and images.shape == (64, 1, 28, 28)
+    assert images.element_size() * images.numel() == 64 * 784  # a quarter of float32's bytes
+    assert images.data_ptr() == torch.from_numpy(split.images).data_ptr()  # on a CPU: the cached array itself
+    # the float32 set as it was made before (all at once, then moved): each batch now equals its rows exactly
+    whole = torch.from_numpy(split.images).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
+    index = torch.tensor([5, 0, 63, 17])
+    assert torch.equal(data.normalized(images[index]), whole[index])
+
+
+def test_the_first_update_and_the_accuracy_are_those_of_the_float32_set_made_at_once(tmp_path):
+    from hetbench.gradients import FlatModel
+    from hetbench.strategies.base import BatchOrder
+    from hetbench.strategies.single import OneDevice
+    from hetbench.training import Evaluator
+    from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
+
+    cfg = small_config(tmp_path, "workers=[{batch: 32, device: cpu}]")
+    one = OneDevice()
+    one.setup(cfg.job(), 0, 1)
+    one.reset(cfg.run.seed)
+    one.train_step(0)
+    # step 0 as it ran before: the whole training set normalized in float32 first, then gathered
+    train, test = data.cached_mnist(cfg.run)
+    whole = torch.from_numpy(train.images).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
+    flat = FlatModel(build_model(cfg.run.dropout, cfg.run.seed))
+    optimizer = build_optimizer(flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
+    index = BatchOrder(len(train.labels), 32, cfg.run.seed, "cpu")(0)
+    labels = torch.from_numpy(train.labels)[index]
+    forward_backward(flat.model, whole[index], labels, dropout_keys(cfg.run.seed, 0, index))
+    optimizer.step()
+    assert torch.equal(one.weights(), flat.params)
+    evaluate = Evaluator(test, cfg.run)  # the driver's test set: normalized once, exactly as before
+    assert torch.equal(
+        evaluate.images, torch.from_numpy(test.images).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
+    )
