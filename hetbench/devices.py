@@ -67,6 +67,16 @@ def node_device(name: str, configured: str) -> torch.device:
     return resolve_device(configured)
 
 
+def device_memory_mb(device: torch.device) -> float | None:
+    """What the device's allocator holds for this process, MiB: MPS's driver-allocated memory (taken
+    from the machine's unified memory), CUDA's reserved; None on a CPU."""
+    if device.type == "mps":
+        return torch.mps.driver_allocated_memory() / 2**20
+    if device.type == "cuda":
+        return torch.cuda.memory_reserved(device) / 2**20
+    return None
+
+
 def synchronize(device: torch.device) -> None:
     """Wait for queued kernels so a clock read after it measures finished work."""
     if device.type == "cuda":

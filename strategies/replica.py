@@ -11,11 +11,11 @@ import torch
 
 from hetbench.clock import Stopwatch
 from hetbench.cluster.collective import operating_system
-from hetbench.cluster.processes import peak_rss_mb
+from hetbench.cluster.processes import machine_memory_mb, peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
 from hetbench.data import cached_mnist, normalized
-from hetbench.devices import configure_threads, keep_freed_memory, node_device, set_precision
+from hetbench.devices import configure_threads, device_memory_mb, keep_freed_memory, node_device, set_precision
 from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
@@ -74,6 +74,8 @@ class Replica:
             "slowdown": self.spec.slowdown,
             "data": train.fingerprint(),  # the driver refuses workers that differ (data.check_same_data)
             **math,  # the float32 math it trained in, and whether cuDNN autotuned
+            "ram_mb": machine_memory_mb(),
+            "device_memory_mb": device_memory_mb(self.device),  # its training set on the device, and torch's
         }
 
     def resplit(self, batches: list[int], rank: int) -> None:

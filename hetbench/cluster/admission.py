@@ -90,6 +90,31 @@ def check_both_directions(head: str, here: str, scheduler: str, timeout_s: float
         raise UserError(blocked_message(f"the head cannot reach this machine at {here}", blocked, "this machine's"))
 
 
+# What a joined machine's node holds while a run trains (an 8 GB Mac's memory is the CPU's and MPS's):
+TRAINING_PROCESSES = 3  # at once: the run's kept Ray process for the worker, the Dask worker, a ray-train row's rank
+TRAINING_SET_MB = 2 * 47  # MNIST's 60,000 training images as uint8: a process's cached array and its device copy
+# a joined node's raylet 30, dashboard agent 120, runtime-env agent 80 and log monitor 78 MB (RSS on
+# Linux, a local-multinode ray-ps row, 2 Dec 2026)
+RAY_NODE_MB = 310
+
+
+def memory_warning(ram_mb: float | None, checked_mb: float) -> str | None:
+    """Whether this machine's memory is under what the run's processes on it will hold: each training
+    process as much as this one after its device check (torch, the model, a forward and backward
+    pass: `checked_mb`) plus its training set, TRAINING_PROCESSES of them, and Ray's node. A warning:
+    the run still trains, slower, as the machine swaps."""
+    each = checked_mb + TRAINING_SET_MB
+    held = TRAINING_PROCESSES * each + RAY_NODE_MB
+    if ram_mb is None or held <= ram_mb:
+        return None
+    return (
+        f"this machine has {ram_mb / 1024:.1f} GB of memory and the run's processes on it will hold about "
+        f"{held / 1024:.1f} GB ({TRAINING_PROCESSES} training processes of ~{each / 1024:.1f} GB each, this "
+        f"check's peak and the training set, and Ray's node ~{RAY_NODE_MB / 1024:.1f} GB): it will swap, "
+        "which slows its steps and skews the split; close other apps, or run it with more memory"
+    )
+
+
 def gloo_warning(here: str, scheduler: str, timeout_s: float) -> str | None:
     """Whether the head reaches a port of this machine's ephemeral range, as gloo's ranks must (it
     picks its ports at random): a warning, since the Ray and Dask strategies run without it."""

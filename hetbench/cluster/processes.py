@@ -11,6 +11,15 @@ import time
 from pathlib import Path
 
 
+def machine_memory_mb() -> float | None:
+    """This machine's memory, MiB (an 8 GB Mac's unified memory: the CPU's and MPS's alike); None
+    where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**20
+    except (ValueError, OSError):
+        return None
+
+
 def peak_rss_mb() -> float:
     """This process's peak resident memory so far, in MiB.
 

@@ -27,10 +27,11 @@ from hetbench.cluster.admission import (
     check_versions,
     gloo_warning,
     head_versions,
+    memory_warning,
     versions,
 )
 from hetbench.cluster.nodes import DASK_NODE_ENV, DASK_WORKER_PORT, dask_worker_argv, fixed_port_args, ray_node_argv
-from hetbench.cluster.processes import stop_trees
+from hetbench.cluster.processes import machine_memory_mb, peak_rss_mb, stop_trees
 from hetbench.device_check import require
 from hetbench.devices import NODE_DEVICE_ENV
 from hetbench.errors import UserError
@@ -69,6 +70,8 @@ def run_worker(
     check_machine()
     for line in require(device, fix=JOIN_ON_CPU):  # as the desktop's gate does on cuda, before anything joins
         say(line)
+    if warning := memory_warning(machine_memory_mb(), peak_rss_mb()):  # the check's process: one that trained
+        say(f"warning: {warning}")
     try:
         for address in (ray_address, scheduler):
             check_reachable(address, timeout_s)

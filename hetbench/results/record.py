@@ -111,6 +111,8 @@ class Worker:
     compute_samples_per_s: float | None = None  # what it could alone
     wire_bytes_per_step: float | None = None  # sent and received between machines, by value
     standalone_samples_per_s: float | None = None  # timed alone in the same run
+    ram_mb: float | None = None  # its machine's memory
+    device_memory_mb: float | None = None  # its device's allocator's, once its training set was there (MPS, CUDA)
     facts: dict = field(default_factory=dict)  # the rest it reported (host, pid, threads, ...), kept as is
 
     @classmethod
