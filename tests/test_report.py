@@ -199,7 +199,7 @@ def test_the_readmes_column_table_names_every_column_of_the_default_table():
     readme = (REPO / "README.md").read_text()
     body = readme[readme.index("| column | meaning |") :].split("\n\n")[0].splitlines()[2:]
     named = {name for line in body for name in line.split("|")[1].strip().split(", ")}
-    assert named == {c.header for c in TABLE if c.narrow} - {"strategy", "status"}
+    assert named == {c.header for c in TABLE if c.narrow} - {"strategy"}
 
 
 def test_the_step_plot_shows_the_longest_bar_whole_and_its_legend_beside_the_bars():

@@ -366,3 +366,17 @@ def test_a_second_row_that_also_pays_says_so_and_by_how_much_less_than_the_answe
         "  ray-train [auto]: 1.17x, also pays (5.0 s sooner to 97%; the answer: 10.0 s); link-bound: moving "
         "the model 1.0x a step takes 9 ms of each 73 ms step at the floor's 10.0 ms"
     )
+
+
+def test_a_row_measured_while_a_machine_slowed_is_flagged_in_the_verdict_and_the_table():
+    from hetbench.results.report import markdown
+
+    hot = {"desk": {"before": [3000.0], "after": [3010.0]}, "mac": {"before": [1000.0], "after": [820.0]}}
+    noisy = {"desk": {"before": [3000.0, 2500.0], "after": [2900.0, 3500.0]}}  # +16%, within its own spread
+    records = [SINGLE, {**ALLREDUCE, "standalone_timings": hot}, {**LINK, "standalone_timings": noisy}, FLOOR]
+    lines = verdict(records)
+    assert lines[0].startswith("Verdict: use ray-train [auto]")
+    assert lines[0].endswith("(flagged: mac slowed 18% during this row).")
+    assert not any("flagged" in line for line in lines[1:])  # desk's +16% is not past its timings' spread
+    table = markdown(typed(records))
+    assert "| ok (mac -18%) " in table and table.count("(mac ") == 1

@@ -88,6 +88,10 @@ def _status(row: Row) -> str:
     return r.status + (f": {r.reason}" if r.reason else "")
 
 
+def _drift(record) -> str | None:
+    return ", ".join(f"{name} {change:+.0%}" for name, change in record.drifted.items()) or None
+
+
 def _cv(row: Row):
     return row.ran.samples_per_s_cv if row.ran else row.record.cv
 
@@ -198,5 +202,12 @@ def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | 
             lambda row: row.ran and row.ran.startup_s,
             legend="a row's own processes and data (Ray starts once per run, before the rows: ray_startup_s)",
         ),
-        Column("status", _status, "text", narrow=True),
+        Column(
+            "drift",
+            lambda row: row.ran and _drift(row.ran),
+            "text",
+            legend="a worker whose speed alone, timed just before and just after the row, moved 15% or more "
+            "(mac -18%: the machine changed under the row, as a fanless Mac does when it heats)",
+        ),
+        Column("status", _status, "text", narrow=True, beside="drift"),
     ]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from hetbench.clock import median
 from hetbench.config import RENAMED
 from hetbench.floor import FLOOR_NAME, FLOORS
 from hetbench.training import CurvePoint
@@ -146,6 +147,9 @@ class Reference:
     chosen_by: str | None = None
 
 
+DRIFT = 0.15  # a worker's speed alone moved this much across a row: flagged (a shared box's single timings move ~10%)
+
+
 @dataclass(frozen=True)
 class AloneTimings:
     """A worker's samples/s alone around a row: just before and just after it (`whole_run`: records
@@ -205,6 +209,27 @@ class RowRecord:
     def resplits(self) -> int:
         """Times rebalance_every re-split the batch after the warm-up."""
         return sum(1 for e in self.events if "rebalanced" in e and not e.get("in_warmup"))
+
+    @property
+    def drifted(self) -> dict[str, float]:
+        """Each worker whose speed alone moved by DRIFT or more across the row (timed just before and
+        just after it: standalone.Brackets), beyond the timings' own spread (every timing after it
+        past every one before), with its change (-0.18: 18% slower after): the machine changed under
+        the row, as a fanless Mac does when it heats. None measured across a run's whole length."""
+        moved = {}
+        for name, t in (self.standalone_timings or {}).items():
+            if t.whole_run or not t.before or not t.after:
+                continue
+            change = median(t.after) / median(t.before) - 1
+            apart = max(t.after) < min(t.before) or min(t.after) > max(t.before)
+            if abs(change) >= DRIFT and apart:
+                moved[name] = change
+        return moved
+
+    def drift_phrase(self) -> str | None:
+        """`drifted` as the verdict says it: "mac slowed 18% during this row"."""
+        said = [f"{name} {'slowed' if c < 0 else 'sped up'} {abs(c):.0%}" for name, c in self.drifted.items()]
+        return f"{' and '.join(said)} during this row" if said else None
 
 
 @dataclass(frozen=True)

@@ -102,7 +102,7 @@ def verdict(records: list[Record]) -> list[str]:
             answer = f"{chosen.to_target.answer}; {figures}"
         else:
             answer = f"{figures}, beyond the repeats' ranges; no row reached {_target(r)} in this run"
-        lines = [f"Verdict: use {label(r)} on {_machines(r)}: {answer}."]
+        lines = [f"Verdict: use {label(r)} on {_machines(r)}: {answer}{_drifted(r)}."]
     else:
         same = [c for c in compared if c.to_target and c.to_target.kind == "same" and c.keeps_accuracy]
         chosen = max(same, key=lambda c: c.ratio) if same else None  # a row that matches the time, named
@@ -111,15 +111,21 @@ def verdict(records: list[Record]) -> list[str]:
         else:
             beats = f"reaches {_target(fastest.record)} sooner" if by_time else "beats it beyond the repeats' ranges"
             answer = f"no strategy {beats} here (best samples/s: {label(fastest.record)}, {fastest.ratio:.2f}x)"
-        lines = [f"Verdict: keep to {alone} alone ({base_figures}): {answer}."]
+        lines = [f"Verdict: keep to {alone} alone ({base_figures}): {answer}{_drifted(chosen and chosen.record)}."]
         if change := what_would_change_it(fastest.record, base, floor):
             lines.append(f"  What would change it: {change}.")
     for c in compared:
         if c is chosen:
             continue
         why = _also(c, chosen, by_time, floor) if any(c is p for p in paying) else _why_not(c, floor, alone)
-        lines.append(f"  {label(c.record)}: {why}")
+        lines.append(f"  {label(c.record)}: {why}{_drifted(c.record)}")
     return lines
+
+
+def _drifted(record: RowRecord | None) -> str:
+    """A row measured while a machine changed under it says so: its figures are of that machine."""
+    phrase = record and record.drift_phrase()
+    return f" (flagged: {phrase})" if phrase else ""
 
 
 def _also(c: Comparison, chosen: Comparison, by_time: bool, floor: FloorRecord | None) -> str:
