@@ -79,25 +79,36 @@ class Stopwatch:
     crowding, not for its device. The CPU wait is read only then: no /proc read per step otherwise.
     """
 
-    def __init__(self, device: torch.device, slowdown: float = 1.0) -> None:
-        self.device, self.slowdown = device, slowdown
+    def __init__(self, device: torch.device, slowdown: float = 1.0, ramp: tuple[float, float, float] | None = None):
+        """`ramp`: (to, over_s, from_unix_s): the factor grows from `slowdown` to `to` over `over_s`
+        seconds from that wall-clock time (the run's start: every process of the run agrees on it)."""
+        self.device, self.base, self.ramp = device, slowdown, ramp
+        self.slowed = slowdown > 1.0 or (ramp is not None and ramp[0] > 1.0)  # fixed: a span's ends match
         self.events = device.type in ("cuda", "mps")
         self.marks: list = []  # start, stop, start, stop ... since the last read
         self.pool: list = []  # timing events, made once and recorded again every step
         self.slowed_s = 0.0  # the slowed spans' seconds since the last read (they are read as they end)
         self.started: tuple[float, float] | None = None  # a slowed span's (host clock, CPU wait) at its start
 
+    @property
+    def slowdown(self) -> float:
+        """The emulated factor now."""
+        if self.ramp is None:
+            return self.base
+        to, over_s, since = self.ramp
+        return self.base + (to - self.base) * min(1.0, max(0.0, (time.time() - since) / over_s))
+
     def start(self) -> None:
         if len(self.marks) % 2:  # a span a failure left open (a step redone): dropped
             self._drop(self.marks.pop())
-        if self.slowdown > 1.0:
+        if self.slowed:
             self.started = (now(self.device), cpu_wait())
             self.marks.append(self.started[0])
         else:
             self.marks.append(self._mark())
 
     def stop(self) -> None:
-        if self.slowdown <= 1.0:
+        if not self.slowed:
             self.marks.append(self._mark())
             return
         start, waited = self.started
@@ -120,7 +131,7 @@ class Stopwatch:
             self._drop(marks.pop())
         if not marks:
             return Reading(0.0, 0.0)
-        if self.slowdown > 1.0:  # host clocks, read after a sync at each end
+        if self.slowed:  # host clocks, read after a sync at each end
             return Reading(work_s, marks[-1] - marks[0])
         synchronize(self.device)
         if self.events:

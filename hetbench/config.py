@@ -45,6 +45,11 @@ class WorkerConfig:
     batch: int | None = setting(None, "samples per step; or give every worker a share instead")
     share: float | None = setting(None, "fraction of batch_size; shares sum to 1")
     slowdown: float = setting(1.0, "emulated slowdown factor (1.0 = none)")
+    slowdown_to: float | None = setting(
+        None, "an emulated machine that slows as it heats (a fanless Mac): slowdown grows to this over ramp_s"
+    )
+    ramp_s: float = setting(600.0, "seconds slowdown takes to reach slowdown_to, from ramp_start")
+    ramp_start: float | None = setting(None, "when the ramp starts, in Unix seconds (None: the run's start)")
     speed: float | None = setting(None, "relative speed for balance: proportional (default 1 / slowdown)")
 
 
@@ -547,6 +552,10 @@ def validate(cfg: Config) -> Config:
     for worker in workers:
         if worker.slowdown < 1.0:
             raise UserError(f"worker '{worker.name}': slowdown must be >= 1.0, got {worker.slowdown}")
+        if worker.slowdown_to is not None and worker.slowdown_to < 1.0:
+            raise UserError(f"worker '{worker.name}': slowdown_to must be >= 1.0, got {worker.slowdown_to}")
+        if worker.ramp_s <= 0:
+            raise UserError(f"worker '{worker.name}': ramp_s must be positive, got {worker.ramp_s}")
         if worker.speed is not None and worker.speed <= 0:
             raise UserError(f"worker '{worker.name}': speed must be positive, got {worker.speed}")
     duplicates = sorted({n for n in names if names.count(n) > 1})

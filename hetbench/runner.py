@@ -4,6 +4,7 @@ then the gloo floor; records and tables as it goes (results/)."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 
 from hetbench.clock import now
@@ -11,7 +12,7 @@ from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.place import place
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
-from hetbench.config import Config, from_dict
+from hetbench.config import Config, WorkerConfig, from_dict
 from hetbench.data import cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, FLOORS, measure_floor
@@ -157,7 +158,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
         ):
             if cluster_startup_s is not None:
                 log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
-            cluster_cfg = replace(cfg, cluster=joined, workers=wait_for_workers(joined, cfg.workers))
+            workers = ramps_started(wait_for_workers(joined, cfg.workers))
+            cluster_cfg = replace(cfg, cluster=joined, workers=workers)
             ray_startup_s = open_ray(cluster_cfg)
             brackets = Brackets(cluster_cfg.job(), wants_standalone(cluster_cfg))
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
@@ -206,6 +208,15 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     if failed:  # the tables and the verdict hold the rows that finished; the exit status says the rest
         raise RunFailed(failed[0] if len(failed) == 1 else f"{len(failed)} rows failed, the first: {failed[0]}")
     return out.file
+
+
+def ramps_started(workers: tuple[WorkerConfig, ...]) -> tuple[WorkerConfig, ...]:
+    """Each growing emulated slowdown with no start of its own starts now, the run's start: every
+    process of the run, and every row's record, reads the same clock for it."""
+    started = time.time()
+    return tuple(
+        replace(w, ramp_start=started) if w.slowdown_to is not None and w.ramp_start is None else w for w in workers
+    )
 
 
 def recorded(records: list[Record], scenario: Scenario) -> bool:

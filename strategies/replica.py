@@ -22,6 +22,13 @@ from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
 
 
+def ramp_of(spec: WorkerConfig) -> tuple[float, float, float] | None:
+    """A worker's growing emulated slowdown, as the Stopwatch takes it; None where it has none."""
+    if spec.slowdown_to is None:
+        return None
+    return spec.slowdown_to, spec.ramp_s, spec.ramp_start or time.time()
+
+
 class Replica:
     """One configured worker's model copy and training data, inside the worker's own process.
 
@@ -60,7 +67,7 @@ class Replica:
         self.device = node_device(self.spec.name, self.spec.device)
         train = cached_mnist(job.run, announce=False)[0]
         self.images, self.labels = train.tensors(self.device)
-        self.watch = Stopwatch(self.device, self.spec.slowdown)
+        self.watch = Stopwatch(self.device, self.spec.slowdown, ramp_of(self.spec))
         return {
             "name": self.spec.name,
             "device": str(self.device),

@@ -105,3 +105,51 @@ def test_a_streamed_step_hands_off_each_gradient_as_backward_has_it_after_its_sh
     assert seconds == pytest.approx(0.3, abs=0.05)
     for offset, gradient, _ in sent:  # each as backward left it in the flat buffer
         assert torch.equal(gradient, replica.flat.grads[offset : offset + gradient.numel()])
+
+
+def test_a_ramping_slowdown_grows_from_its_start_to_its_end_over_its_seconds(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(clock.time, "time", lambda: now[0])
+    watch = Stopwatch(torch.device("cpu"), 1.0, ramp=(3.0, 10.0, 1000.0))
+    assert watch.slowed and watch.slowdown == 1.0  # a factor that will grow: timed as an emulation from the start
+    now[0] = 1005.0
+    assert watch.slowdown == 2.0
+    watch.start()
+    time.sleep(0.05)
+    watch.stop()
+    assert watch.read().work_s == pytest.approx(0.1, abs=0.03)  # twice its own time, halfway up the ramp
+    now[0] = 1100.0
+    assert watch.slowdown == 3.0  # and stays at its end
+
+
+@pytest.mark.slow
+def test_a_worker_that_slows_as_it_heats_is_followed_by_the_split_and_its_row_flagged(tmp_path, shared_cluster):
+    import json
+
+    from helpers import small_config
+    from hetbench.runner import run
+
+    cfg = small_config(
+        tmp_path,
+        *shared_cluster.overrides,
+        "name=heating",
+        "strategies=[single, ray-ps]",
+        "balance=[auto]",
+        "batch_size=64",
+        "workers=[{name: desk}, {name: mac, slowdown_to: 4.0, ramp_s: 25}]",  # as fast as desk at first
+        "rebalance_every=4",
+        "steps=40",
+        "warmup_steps=2",
+        "standalone_steps=6",
+        "repeats=1",
+        "eval_every=50",
+        "floor.enabled=false",
+    )
+    single, row = json.loads(run(cfg).path.read_text())
+    assert row["status"] == "ok" and row["config"]["workers"][1]["ramp_start"] > 0  # the run's start, recorded
+    splits = [e["rebalanced"]["mac"] for e in row["events"] if "rebalanced" in e]
+    assert len(splits) >= 2 and splits[-1] < splits[0]  # the split follows the mac down as it slows
+    drift = row["standalone_timings"]["mac"]
+    assert max(drift["after"]) < min(drift["before"]), (drift, splits)  # timed alone after the row: slower
+    table = (tmp_path / "results" / "heating.md").read_text()
+    assert "(flagged: mac slowed" in table and "ok (mac -" in table, (drift, splits, table)
