@@ -271,7 +271,13 @@ class FloorRecord:
 
     @property
     def _key(self) -> str:
-        return "allreduce" if self.strategy == FLOOR_NAME else "roundtrip"
+        return figure_name(self.strategy)
+
+
+def figure_name(floor: str) -> str:
+    """What a floor's one figure is called in its JSON (`<name>_s`, `<name>_cv`): the gloo-floor's
+    all-reduce, the ps-floor's round trip."""
+    return "allreduce" if floor == FLOOR_NAME else "roundtrip"
 
 
 Record = RowRecord | FloorRecord
@@ -366,7 +372,7 @@ def from_json(data: dict) -> Record:
 
 
 def _floor(data: dict) -> FloorRecord:
-    key = "allreduce" if data["strategy"] == FLOOR_NAME else "roundtrip"
+    key = figure_name(data["strategy"])
     path = data.get("path")
     return FloorRecord(
         strategy=data["strategy"],
