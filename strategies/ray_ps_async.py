@@ -185,7 +185,6 @@ class RayParameterServerAsync(RayParameterServer):
             counts[s] = counts.get(s, 0) + 1
         ordered = sorted(self.staleness)
         return {
-            **super().record_extras(),
             "staleness": {
                 "histogram": dict(sorted(counts.items())),
                 "max": max(ordered, default=0),

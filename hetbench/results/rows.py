@@ -50,7 +50,6 @@ def strategy_row(
     steps = [steps_to_target(r.curve, target) for r in evaluated]
     samples_per_s = median([r.samples_per_s for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
-    extras = dict(extras)
     return replace(
         base,
         status="ok",
@@ -80,7 +79,7 @@ def strategy_row(
         driver_peak_rss_mb=peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
         step=step_summary(timed, strategy.exchange_every),
         accuracy_curve=tuple(repeats[0].curve),
-        events=list(extras.pop("events", [])),
+        events=list(strategy.events),
         extras=extras,
     )
 
