@@ -97,16 +97,18 @@ def train_loop(config: dict) -> None:
     # Ray Train restarts the whole group after a lost rank: every start begins where the driver is,
     # from the latest state rank 0 kept (every checkpoint_every steps, else eval_every, when faults
     # are configured or checkpoints asked for; otherwise from the repeat's start)
-    first_repeat, first_step, state, near = ray.get(collector.begin.remote(world_rank))
+    begun = ray.get(collector.begin.remote(world_rank, job.cluster.step_timeout_s))
+    if begun is None:  # the driver stopped before it named a repeat
+        return
+    repeat, first_step, state, near = begun
     schedule, every = Schedule.of(job.run), job.run.checkpoint_every or job.run.eval_every
     keep_state = world_rank == 0 and bool(job.run.faults or job.run.checkpoint_every)
-    for repeat in range(first_repeat, job.run.repeats):
+    while repeat is not None:
         rank.reset(job.run.seed + repeat)
-        if state is not None and repeat == first_repeat:
+        if state is not None:
             rank.load_state(state)
         window: list[float] = []  # my computes since the split last changed
-        near = near if repeat == first_repeat else False  # the driver's word at each check (Schedule.near)
-        for step in range(first_step if repeat == first_repeat else 0, schedule.total(repeat)):
+        for step in range(first_step, schedule.total(repeat)):
             start = time.perf_counter()  # the device is idle: the last train_step read its stopwatch
             # (1)-(3) as torch-ddp's ranks: my own work is my compute and update, as on one device
             own_s, _ = rank.train_step(step)
@@ -132,6 +134,9 @@ def train_loop(config: dict) -> None:
                 stop, near = ray.get(collector.hold.remote((repeat, step), job.cluster.step_timeout_s))
                 if stop:
                     return
+        # the driver's next repeat, if it goes on to one in this start (the runner's rows train one)
+        repeat = ray.get(collector.next_repeat.remote(repeat, job.cluster.step_timeout_s))
+        first_step, state, near = 0, None, False
     dist.barrier()
 
 

@@ -17,20 +17,31 @@ class Collector:
         self.ready = threading.Condition()
         self.released: set = set()
         self.stop = False
-        self.repeat = 0  # the repeat the driver is in
+        self.repeat: int | None = None  # the repeat the driver is in, from its first wait for a step of it
         self.states: dict = {}  # repeat -> (next step, rank 0's model + optimizer): where a restart begins
         self.starts = 0  # how often the group started (Ray Train restarts it after a lost rank)
         self.resumed_from = 0  # the step the latest start began at
         self.near_target = False  # the driver's latest word: checks every fine_eval_every steps (Schedule.near)
 
-    def begin(self, rank: int):
-        """Where a (re)started group goes on: the driver's repeat, from its latest state (or its start),
-        checking as finely as the driver last said."""
+    def begin(self, rank: int, timeout_s: float):
+        """Where a (re)started group goes on: the driver's repeat (once it names one), from its latest
+        state (or its start), checking as finely as the driver last said; None where the driver
+        stopped, or named none within `timeout_s`."""
         with self.ready:
+            if not self.ready.wait_for(lambda: self.repeat is not None or self.stop, timeout_s) or self.stop:
+                return None
             next_step, state = self.states.get(self.repeat, (0, None))
             if rank == 0:
                 self.starts, self.resumed_from = self.starts + 1, next_step
             return self.repeat, next_step, state, self.near_target
+
+    def next_repeat(self, done: int, timeout_s: float) -> int | None:
+        """The repeat the driver goes on to after `done`; None where it stopped, or went on to none
+        within `timeout_s` (a row trains a repeat a start: runner.py's passes)."""
+        with self.ready:
+            if not self.ready.wait_for(lambda: (self.repeat or 0) > done or self.stop, timeout_s) or self.stop:
+                return None
+            return self.repeat
 
     def save_state(self, repeat: int, next_step: int, state: dict) -> None:
         with self.ready:
@@ -48,8 +59,9 @@ class Collector:
         """All ranks' timings for (repeat, step), the weights if rank 0 sent them, and how often the
         group started and where the latest start began; None on timeout."""
         with self.ready:
-            if isinstance(key[0], int):
+            if isinstance(key[0], int) and key[0] != self.repeat:
                 self.repeat = key[0]
+                self.ready.notify_all()  # ranks waiting to begin it
             if not self.ready.wait_for(lambda: len(self.steps.get(key, {})) == self.world, timeout_s):
                 return None
             return self.steps.pop(key), self.snapshots.pop(key, None), self.starts, self.resumed_from
