@@ -1,11 +1,15 @@
 """One `hetbench run`: every planned row (scenarios.py), each through the training loop (training.py),
-then the gloo floor; records and tables as it goes (results/)."""
+then the gloo floor; records and tables as it goes (results/).
+
+With repeats, the run goes in passes: repeat r of every row before repeat r + 1 of any, in the
+planned order and then reversed (A B C, C B A, A B ...), so that no row always runs on the hottest
+machine (a fanless Mac slows as it heats); each record says where its row ran (`run_order`)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from hetbench.clock import now
 from hetbench.cluster.joined import wait_for_workers
@@ -35,71 +39,127 @@ from hetbench.workload import Net
 log = logging.getLogger(__name__)
 
 
-def run_strategy(
-    scenario: Scenario,
-    cfg: Config,
-    base: RowRecord,
+@dataclass
+class RowRun:
+    """One row across the run's passes: what the repeats it trained so far add up to, and its
+    record as it stands (written after each pass, replaced by the next)."""
+
+    scenario: Scenario
+    cfg: Config  # the row's own: its split
+    reference: dict | None  # the baseline's: which machine it ran on
+    base: RowRecord  # what its record starts with (rows.base_row)
+    repeats: list[Repeat] = field(default_factory=list)
+    resume: dict | None = None  # a checkpoint of its next repeat, part-trained before an interruption
+    notes: dict = field(default_factory=dict)  # what its record says of how it ran (resumed_at, ...)
+    startups: list[float] = field(default_factory=list)  # its strategy's start, each pass
+    places: list[int] = field(default_factory=list)  # where it ran in each pass, 1 the first
+    events: list[dict] = field(default_factory=list)  # each pass's, with its repeat
+    before: dict[str, list[float]] = field(default_factory=dict)  # its workers alone just before each pass
+    after: dict[str, list[float]] = field(default_factory=dict)  # and just after
+    record: RowRecord | None = None  # the latest written
+    finished: bool = False  # every repeat trained, or it failed or was skipped
+
+    @classmethod
+    def planned(cls, scenario: Scenario, cfg: Config, standalone: dict | None, env: dict, out: RunOutput) -> RowRun:
+        """The row as the run found it: new, or (resumed) its repeats from its checkpoint and the rest
+        from its record (the one an interrupted pass left)."""
+        row_cfg, reference = scenario.config(cfg, standalone)
+        base = base_row(scenario.strategy, row_cfg.as_dict(), scenario.fields(row_cfg), env)
+        row = cls(scenario, row_cfg, reference, base, record=record_of(out.records, scenario))
+        saved = out.checkpoints.load(scenario.key) if out.checkpoints else None
+        if row.record:
+            row.finished = row.record.status != "ok" or len(row.record.repeat_samples_per_s) >= cfg.run.repeats
+        if row.finished or not saved:
+            return row
+        row.repeats, row.resume = [from_saved(r) for r in saved["done"]], saved["progress"]
+        row.notes["resumed_at"] = {"repeat": len(row.repeats), "step": row.resume["next_step"] if row.resume else 0}
+        if kept := row.record:  # what its record holds of the passes that trained those repeats
+            passes = len(row.repeats)
+            row.startups, row.places = kept.repeat_startup_s[:passes], kept.run_order[:passes]
+            row.events = [e for e in kept.events if e.get("repeat", 0) < passes]
+            for name, t in (kept.standalone_timings or {}).items():
+                row.before[name], row.after[name] = t.before[:passes], t.after[:passes]
+        return row
+
+    def timed_alone(self, before: dict, after: dict) -> tuple[dict, dict]:
+        """This pass's timings of its workers alone (standalone.Brackets) added to its earlier
+        passes': every pass's, pair by pair."""
+        for name in before:
+            self.before.setdefault(name, []).extend(before[name])
+            self.after.setdefault(name, []).extend(after[name])
+        return self.before, self.after
+
+    def write(self, record: RowRecord, out: RunOutput, repeats: int) -> None:
+        """A pass of it ended in `record`: written in place of the last one; its checkpoint removed
+        once nothing of it is left to train."""
+        self.finished = record.status != "ok" or len(self.repeats) >= repeats
+        out.add(record, self.scenario.key if self.finished else None, replacing=self.record)
+        self.record = record
+
+
+def run_repeat(
+    row: RowRun,
+    r: int,
     evaluate: Evaluator,
     standalone: dict | None = None,
     checkpoints: RunCheckpoints | None = None,
     cluster=None,
     label: str | None = None,
 ) -> RowRecord:
-    """One row: the strategy started (its startup timed apart), its repeats, closed; its record,
-    which starts as `base` (results/rows.py)."""
-    name = scenario.strategy
+    """One pass of a row: its strategy started (its startup timed apart), repeat `r` trained, closed;
+    the row's record over every repeat so far (results/rows.py)."""
+    name, cfg = row.scenario.strategy, row.cfg
     try:
         cls = registry.load(name)
     except ImportError as e:
-        return replace(base, status="skipped", reason=str(e))
+        return replace(row.base, status="skipped", reason=str(e))
     strategy, schedule = cls(cfg.job(name)), Schedule.of(cfg.run)
-    faults, notes = faults_for(cls, cfg), skipped_features(cls, cfg)
-    saved = checkpoints.load(scenario.key) if checkpoints else None
-    if saved:
-        notes["resumed_at"] = {"repeat": len(saved["done"]), "step": saved["progress"]["next_step"]}
+    faults = faults_for(cls, cfg) if r == 0 else ()  # the first repeat's: each fault once a row
     try:
         started = now()
         strategy.start()
-        startup_s = now() - started
-        lengths = [schedule.total(r) for r in range(cfg.run.repeats)]
-        repeats = [from_saved(r) for r in saved["done"]] if saved else []
-        with Progress(label or name, sum(lengths), cfg.run.repeats) as bar:
-            if repeats:
-                bar.update(sum(lengths[: len(repeats)]), resumed=True)
-            for r in range(len(repeats), cfg.run.repeats):
-                bar.repeat(r)
-                save = saver(checkpoints, scenario.key, repeats) if checkpoints and cls.resumable else None
-                resume = from_saved(saved["progress"], finished=False) if saved and len(saved["done"]) == r else None
-                first = faults if r == 0 else ()
-                repeats.append(
-                    train_repeat(
-                        strategy,
-                        schedule,
-                        repeat=r,
-                        evaluate=evaluate,
-                        bar=bar,
-                        seed=cfg.run.seed + r,
-                        samples_per_step=cfg.run.batch_size,
-                        faults=first,
-                        save=save,
-                        resume=resume,
-                        cluster=cluster,
-                    )
+        row.startups.append(now() - started)
+        with Progress(label or name, schedule.total(r), cfg.run.repeats) as bar:
+            bar.repeat(r)
+            save = saver(checkpoints, row.scenario.key, row.repeats) if checkpoints and cls.resumable else None
+            resume = from_saved(row.resume, finished=False) if row.resume else None
+            row.repeats.append(
+                train_repeat(
+                    strategy,
+                    schedule,
+                    repeat=r,
+                    evaluate=evaluate,
+                    bar=bar,
+                    seed=cfg.run.seed + r,
+                    samples_per_step=cfg.run.batch_size,
+                    faults=faults,
+                    save=save,
+                    resume=resume,
+                    cluster=cluster,
                 )
-        workers, extras = strategy.worker_info(), {**notes, **strategy.record_extras()}
+            )
+        row.resume = None
+        if checkpoints:  # the repeats it trained, kept until its last pass is recorded
+            saver(checkpoints, row.scenario.key, row.repeats)(None)
+        workers = strategy.worker_info()
+        earlier = row.record.extras if row.record else {}  # its earlier passes'
+        extras = {**skipped_features(cls, cfg), **row.notes, **strategy.record_extras(earlier)}
     finally:
         strategy.close()
         for fault in faults:  # a killed or cut-off node comes back for the scenarios after this one
             if fault.kill in ("node", "link"):
                 cluster.revive(fault.target)
-    return strategy_row(base, strategy, workers, repeats, startup_s, standalone, extras)
+    row.events += [{**event, "repeat": r} for event in strategy.events]
+    return strategy_row(row.base, strategy, workers, row.repeats, row.startups, standalone, extras, row.events)
 
 
 def saver(checkpoints: RunCheckpoints, key: str, done: list[Repeat]):
-    """Saves the scenario's finished repeats and the current one's progress (model + optimizer + step)."""
+    """Saves the row's finished repeats and the current one's progress (model + optimizer + step;
+    None once it finished)."""
 
-    def save(progress: dict) -> None:
-        checkpoints.save(key, {"done": [to_saved(r) for r in done], "progress": to_saved(progress)})
+    def save(progress: dict | None) -> None:
+        kept = to_saved(progress) if progress else None
+        checkpoints.save(key, {"done": [to_saved(r) for r in done], "progress": kept})
 
     return save
 
@@ -165,41 +225,46 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
                 standalone = speeds(measure_standalone(cluster_cfg.job()))
                 out.save_run(cfg.as_dict(), standalone)
-            rows = planned(cluster_cfg)
-            for n, scenario in enumerate(rows, 1):
-                row_cfg, reference = scenario.config(cluster_cfg, standalone)
-                if recorded(out.records, scenario):
-                    log.info("%s: recorded before the run was interrupted, not run again", scenario.label)
-                    continue
-                log.debug("running %s", scenario.label)
-                where = f"[{n}/{len(rows)}] {scenario.label}"  # the progress line's
-                judged = brackets.before(scenario.strategy != registry.BASELINE)  # its workers timed alone first
-                base = base_row(scenario.strategy, row_cfg.as_dict(), scenario.fields(row_cfg), env)
-                try:
-                    # a judged row's scaling is against its brackets, computed once they are timed
-                    alone_speeds = None if judged else standalone
-                    record = run_strategy(
-                        scenario, row_cfg, base, evaluate, alone_speeds, out.checkpoints, cluster, where
+            rows = [RowRun.planned(s, cluster_cfg, standalone, env, out) for s in planned(cluster_cfg)]
+            for row in rows:
+                if row.finished:
+                    log.info("%s: recorded before the run was interrupted, not run again", row.scenario.label)
+                elif row.repeats:
+                    log.info("%s: going on from repeat %d", row.scenario.label, len(row.repeats) + 1)
+            for r in range(cfg.run.repeats):
+                order = rows if r % 2 == 0 else rows[::-1]  # no row always last, on the hottest machine
+                for n, row in enumerate(order, 1):
+                    if row.finished or len(row.repeats) != r:  # done, or this pass's trained before an interruption
+                        continue
+                    log.debug("running %s, repeat %d", row.scenario.label, r + 1)
+                    row.places.append(n)
+                    where = f"[{n}/{len(rows)}] {row.scenario.label}"  # the progress line's
+                    # its workers timed alone first, where they judge it
+                    judged = brackets.before(row.scenario.strategy != registry.BASELINE)
+                    try:
+                        # a judged row's scaling is against its brackets, computed once they are timed
+                        alone_speeds = None if judged else standalone
+                        record = run_repeat(row, r, evaluate, alone_speeds, out.checkpoints, cluster, where)
+                    except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
+                        row.write(failed_row(row.base, str(e)), out, cfg.run.repeats)
+                        failed.append(str(e))
+                        log.warning("%s failed: %s; going on with the next row", row.scenario.label, e)
+                        continue
+                    if judged and record.status == "ok":
+                        record = bracketed(record, *row.timed_alone(*brackets.after()))
+                    record = replace(
+                        record,
+                        cluster_startup_s=cluster_startup_s,
+                        ray_startup_s=ray_startup_s,  # once for the run, before every row: no row's startup
+                        reference=Reference(**row.reference) if row.reference else None,
+                        run_order=list(row.places),
                     )
-                except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
-                    out.add(failed_row(base, str(e)))
-                    failed.append(str(e))
-                    log.warning("%s failed: %s; going on with the next row", scenario.label, e)
-                    continue
-                if judged and record.status == "ok":
-                    record = bracketed(record, *brackets.after())
-                record = replace(
-                    record,
-                    cluster_startup_s=cluster_startup_s,
-                    ray_startup_s=ray_startup_s,  # once for the run, before every row: no row's startup
-                    reference=Reference(**reference) if reference else None,
-                )
-                out.add(record, scenario.key)
-                if record.status == "skipped":
-                    log.info("skipped %s: %s", scenario.label, record.reason)
+                    row.write(record, out, cfg.run.repeats)
+                    if record.status == "skipped":
+                        log.info("skipped %s: %s", row.scenario.label, record.reason)
             if line := alone(out.records).strip():
                 log.info(line)
-            if cfg.floor.enabled and not recorded(out.records, Scenario(FLOOR_NAME, None)):
+            if cfg.floor.enabled and not record_of(out.records, Scenario(FLOOR_NAME, None)):
                 for record in run_floors(reference_first(cluster_cfg, standalone)[0], env):  # from the reference's node
                     out.add(record)
     finally:
@@ -219,11 +284,15 @@ def ramps_started(workers: tuple[WorkerConfig, ...]) -> tuple[WorkerConfig, ...]
     )
 
 
-def recorded(records: list[Record], scenario: Scenario) -> bool:
-    """Whether this row's record is already in the run (a resumed run skips it)."""
-    return any(
-        r.strategy == scenario.strategy and (isinstance(r, FloorRecord) or r.balance == scenario.balance)
-        for r in records
+def record_of(records: list[Record], scenario: Scenario) -> Record | None:
+    """This row's record in the run, if it has one (a resumed run goes on from it)."""
+    return next(
+        (
+            r
+            for r in records
+            if r.strategy == scenario.strategy and (isinstance(r, FloorRecord) or r.balance == scenario.balance)
+        ),
+        None,
     )
 
 

@@ -145,9 +145,10 @@ class Strategy(ABC):
             info["batch"] = batch
         return {info["name"]: info["batch"] for info in self.info}
 
-    def record_extras(self) -> dict:
-        """Strategy-specific figures for the record (e.g. async staleness), gathered over all repeats
-        (its `events` go to the record's own field)."""
+    def record_extras(self, earlier: dict) -> dict:
+        """Strategy-specific figures for the record (e.g. async staleness), over this start's repeats
+        and `earlier`, what the row's earlier starts recorded (its record's extras, as JSON reads
+        them: a row starts anew for each repeat). Its `events` go to the record's own field."""
         return {}
 
     def close(self) -> None:  # noqa: B027 (optional: a strategy that starts nothing has nothing to stop)

@@ -179,11 +179,13 @@ class RayParameterServerAsync(RayParameterServer):
         started_from = (v for _, v, *_ in self.in_flight.values())
         return too_far_ahead(self.version, started_from, self.settings.max_staleness)
 
-    def record_extras(self) -> dict:
+    def record_extras(self, earlier: dict) -> dict:
         counts: dict[int, int] = {}
+        for versions, n in earlier.get("staleness", {}).get("histogram", {}).items():  # JSON's keys are text
+            counts[int(versions)] = n
         for s in self.staleness:
             counts[s] = counts.get(s, 0) + 1
-        ordered = sorted(self.staleness)
+        ordered = sorted(s for s, n in counts.items() for _ in range(n))
         return {
             "staleness": {
                 "histogram": dict(sorted(counts.items())),

@@ -266,9 +266,11 @@ def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
     single, faulted = json.loads(run(cfg).path.read_text())
     assert faulted["status"] == "ok", faulted.get("reason")
     injected, went_on = faulted["events"][:2]
-    assert injected == {"step": 4, "injected": "kill worker small"} and went_on["step_s"] > 0
+    # each event with the repeat it happened in: the first, where faults are injected
+    assert injected == {"step": 4, "injected": "kill worker small", "repeat": 0} and went_on["step_s"] > 0
     if "lost" in went_on:  # the survivor went on at once, with the lost worker's samples
-        assert went_on == {"step": 4, "lost": "small", "node": None, "split": {"big": 64}, "step_s": went_on["step_s"]}
+        lost = {"step": 4, "lost": "small", "node": None, "split": {"big": 64}, "repeat": 0}
+        assert went_on == {**lost, "step_s": went_on["step_s"]}
         workers = {w["name"]: w for w in faulted["workers"]}
         assert workers["small"]["lost_at_step"] == 4 and workers["big"]["batch"] == 64
     else:  # the group restarted from the last state it kept (every checkpoint_every steps; its ranks

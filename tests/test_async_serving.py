@@ -135,3 +135,16 @@ def test_the_staleness_bound_the_server_and_the_driver_share():
     assert not too_far_ahead(5, [4, 5], max_staleness=1)
     assert too_far_ahead(5, [3, 5], max_staleness=1)  # the oldest batch in flight started 2 versions back
     assert not too_far_ahead(5, [3, 5], max_staleness=2)
+
+
+def test_a_rows_staleness_adds_up_over_its_starts():
+    # a row starts anew for each repeat (runner.py's passes): the record's figures are over all of them
+    from types import SimpleNamespace
+
+    from hetbench.strategies.ray_ps_async import RayParameterServerAsync
+
+    this_start = SimpleNamespace(staleness=[0, 1, 1], settings=SimpleNamespace(max_staleness=2))
+    earlier = {"staleness": {"histogram": {"0": 2, "2": 1}, "max": 2}}  # as the record's JSON reads back
+    (figures,) = RayParameterServerAsync.record_extras(this_start, earlier).values()
+    assert figures == {"histogram": {0: 3, 1: 2, 2: 1}, "max": 2, "median": 1, "max_allowed": 2}
+    assert RayParameterServerAsync.record_extras(this_start, {})["staleness"]["histogram"] == {0: 1, 1: 2}

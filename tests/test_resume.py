@@ -45,13 +45,17 @@ def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_traj
     code, err = sigterm_a_run(tmp_path, ["-c", "benchmarks/configs/quick.yaml", *RUN], in_ray_ps)
     assert code == 130, err[-2000:]
     (record_file,) = tmp_path.glob("raw/*.json")
-    assert [r["strategy"] for r in json.loads(record_file.read_text())] == ["single"]
+    # the first pass had trained single's first repeat (written) when ray-ps's was stopped
+    (interrupted,) = json.loads(record_file.read_text())
+    assert interrupted["strategy"] == "single" and len(interrupted["repeat_samples_per_s"]) == 1
 
     resumed = cli("run", "--resume", str(record_file))
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "single: recorded before the run was interrupted" in resumed.stderr
-    single, ray_ps = json.loads(record_file.read_text())
+    assert "single: going on from repeat 2" in resumed.stderr
+    single, ray_ps = json.loads(record_file.read_text())  # single's record replaced in place
     assert ray_ps["strategy"] == "ray-ps" and ray_ps["status"] == "ok"
+    assert len(single["repeat_samples_per_s"]) == len(ray_ps["repeat_samples_per_s"]) == 2
+    assert (single["run_order"], ray_ps["run_order"]) == ([1, 2], [2, 1])  # as the uninterrupted run's
     assert ray_ps["resumed_at"]["repeat"] * 12 + ray_ps["resumed_at"]["step"] >= 3
     # every ray-ps step equals the single-device step (dropout's masks keyed by sample), so the resumed run's accuracy
     # follows the uninterrupted baseline's, checkpoint by checkpoint (one image of 500 = 0.002)

@@ -32,6 +32,10 @@ def test_a_tiny_run_writes_records_tables_plots_and_a_verdict(cli, tmp_path, sha
     assert [r["status"] for r in (single, ps_async, floor, ps_floor)] == ["ok"] * 4
     assert (single["strategy"], ps_async["strategy"], floor["strategy"]) == ("single", "ray-ps-async", "gloo-floor")
     assert len(ps_async["repeat_samples_per_s"]) == 2 and ps_async["samples_per_s"] > 0
+    # in passes, the second in reverse order: neither row always last (on a machine that heats, the hottest)
+    assert (single["run_order"], ps_async["run_order"]) == ([1, 2], [2, 1])
+    startups = ps_async["repeat_startup_s"]  # the row's strategy starts for each pass
+    assert len(startups) == 2 and ps_async["startup_s"] == statistics.median(startups)
     # every worker's gradients were applied, none staler than the bound (a worker's own update in between)
     staleness = ps_async["staleness"]
     assert sum(staleness["histogram"].values()) >= 2 * 6 and staleness["max"] <= 2
@@ -78,13 +82,13 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
     opened, alive_at_row_start = [], []
     open_ray = RayConnection.__init__
     monkeypatch.setattr(RayConnection, "__init__", lambda self, *a: opened.append(a) or open_ray(self, *a))
-    run_row = runner.run_strategy
+    run_pass = runner.run_repeat
 
     def counting_actors(*args, **kwargs):
         alive_at_row_start.append(set(ray._private.state.actors(actor_state_name="ALIVE")))
-        return run_row(*args, **kwargs)
+        return run_pass(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_strategy", counting_actors)
+    monkeypatch.setattr(runner, "run_repeat", counting_actors)
     cfg = small_config(
         tmp_path,
         "strategies=[single, ray-ps, ray-train]",
@@ -98,8 +102,9 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
     records = json.loads(run(cfg).path.read_text())
     assert [r["status"] for r in records] == ["ok"] * 5  # 3 rows and the 2 floors
     assert len(opened) == 1  # not one per row (3, and the floors) or repeat, nor for the standalone timings
-    # every row starts with the run's processes alone: a worker each and a coordinator, none left by the last row
-    assert len(alive_at_row_start[0]) == 3 and alive_at_row_start == [alive_at_row_start[0]] * 3
+    # every row's every pass starts with the run's processes alone: a worker each and a coordinator,
+    # none left by the last row
+    assert len(alive_at_row_start[0]) == 3 and alive_at_row_start == [alive_at_row_start[0]] * 6
     # single's worker runs in one of ray-ps's processes, a fresh role in it (the two workers share
     # a node here, so which of the node's processes serves which worker is the pool's choice)
     assert records[0]["workers"][0]["pid"] in {w["pid"] for w in records[1]["workers"]}

@@ -372,11 +372,11 @@ def test_a_row_measured_while_a_machine_slowed_is_flagged_in_the_verdict_and_the
     from hetbench.results.report import markdown
 
     hot = {"desk": {"before": [3000.0], "after": [3010.0]}, "mac": {"before": [1000.0], "after": [820.0]}}
-    noisy = {"desk": {"before": [3000.0, 2500.0], "after": [2900.0, 3500.0]}}  # +16%, within its own spread
+    noisy = {"desk": {"before": [3000.0, 2500.0], "after": [2900.0, 3500.0]}}  # +18%, its passes each way
     records = [SINGLE, {**ALLREDUCE, "standalone_timings": hot}, {**LINK, "standalone_timings": noisy}, FLOOR]
     lines = verdict(records)
     assert lines[0].startswith("Verdict: use ray-train [auto]")
     assert lines[0].endswith("(flagged: mac slowed 18% during this row).")
-    assert not any("flagged" in line for line in lines[1:])  # desk's +16% is not past its timings' spread
+    assert not any("flagged" in line for line in lines[1:])  # desk: one pass slower, one faster
     table = markdown(typed(records))
     assert "| ok (mac -18%) " in table and table.count("(mac ") == 1

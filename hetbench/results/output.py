@@ -8,6 +8,7 @@ from pathlib import Path
 
 from hetbench.config import RunConfig
 from hetbench.results.checkpoints import RunCheckpoints
+from hetbench.results.record import Record
 from hetbench.results.records import RecordFile
 from hetbench.results.report import write_tables
 
@@ -19,12 +20,13 @@ class RunOutput:
         self.checkpoints = RunCheckpoints(self.root, self.file.path.stem) if run.checkpoint_every else None
 
     @property
-    def records(self) -> list[dict]:
+    def records(self) -> list[Record]:
         return self.file.records
 
-    def add(self, record: dict, key: str | None = None) -> None:
-        """A finished row's record; `key`: its checkpoint, no longer needed once it is recorded."""
-        self.file.add(record)
+    def add(self, record: Record, key: str | None = None, replacing: Record | None = None) -> None:
+        """A row's record, in place of `replacing` (its record after an earlier pass) where given;
+        `key`: its checkpoint, no longer needed once it is recorded whole."""
+        self.file.add(record, replacing)
         if self.checkpoints and key:
             self.checkpoints.remove(key)
 

@@ -189,7 +189,8 @@ class RowRecord:
     repeat_steps_to_target: list[int | None] = field(default_factory=list)
     evaluated_repeats: int | None = None
     target_accuracy: float | None = None
-    startup_s: float | None = None
+    startup_s: float | None = None  # median over the repeats: the row's strategy starts before each
+    repeat_startup_s: list[float] = field(default_factory=list)
     driver_peak_rss_mb: float | None = None
     step: Step | None = None
     accuracy_curve: tuple[CurvePoint, ...] = ()
@@ -197,6 +198,7 @@ class RowRecord:
     cluster_startup_s: float | None = None
     ray_startup_s: float | None = None  # once for the run, before every row
     reference: Reference | None = None
+    run_order: list[int] = field(default_factory=list)  # its place in each pass of the run (runner.py), 1 the first
     events: list[dict] = field(default_factory=list)  # what happened during the row (rebalanced, lost, ...)
     extras: dict = field(default_factory=dict)  # a strategy's own figures and the row's notes, kept as is
 
@@ -212,17 +214,18 @@ class RowRecord:
 
     @property
     def drifted(self) -> dict[str, float]:
-        """Each worker whose speed alone moved by DRIFT or more across the row (timed just before and
-        just after it: standalone.Brackets), beyond the timings' own spread (every timing after it
-        past every one before), with its change (-0.18: 18% slower after): the machine changed under
-        the row, as a fanless Mac does when it heats. None measured across a run's whole length."""
+        """Each worker whose speed alone moved by DRIFT or more across the row, with its change (-0.18:
+        18% slower after): timed just before and just after each pass of it (standalone.Brackets),
+        the median of the passes' changes, and every pass's the same way (so not one pass's noise).
+        The machine changed under the row, as a fanless Mac does when it heats. None measured across
+        a run's whole length."""
         moved = {}
         for name, t in (self.standalone_timings or {}).items():
-            if t.whole_run or not t.before or not t.after:
+            if t.whole_run or not t.before or len(t.before) != len(t.after):
                 continue
-            change = median(t.after) / median(t.before) - 1
-            apart = max(t.after) < min(t.before) or min(t.after) > max(t.before)
-            if abs(change) >= DRIFT and apart:
+            changes = [a / b - 1 for b, a in zip(t.before, t.after)]
+            change = median(changes)
+            if abs(change) >= DRIFT and all((c < 0) == (change < 0) for c in changes):
                 moved[name] = change
         return moved
 
@@ -406,7 +409,7 @@ def _row(data: dict) -> RowRecord:
         "events": list(data.get("events") or []),
     }
     lists = ("repeat_samples_per_s", "repeat_timed_steps", "repeat_time_to_target_s")
-    lists += ("repeat_target_bracket_s", "repeat_steps_to_target")
+    lists += ("repeat_target_bracket_s", "repeat_steps_to_target", "repeat_startup_s", "run_order")
     parts |= {name: list(data.get(name) or []) for name in lists}
     extras = {k: v for k, v in data.items() if k not in known and k != "schema"}
     return RowRecord(**{**known, **parts, "extras": extras})

@@ -145,8 +145,13 @@ class RecordFile:
         if not self.records:
             self.path.unlink(missing_ok=True)
 
-    def add(self, record: Record) -> None:
-        self.records.append(record)
+    def add(self, record: Record, replacing: Record | None = None) -> None:
+        """`record` written, in `replacing`'s place where that is one of the file's records."""
+        at = next((i for i, r in enumerate(self.records) if r is replacing), None) if replacing else None
+        if at is None:
+            self.records.append(record)
+        else:
+            self.records[at] = record
         self.save()
 
     def save(self) -> None:

@@ -36,12 +36,14 @@ def strategy_row(
     strategy: Strategy,
     workers: list[dict],
     repeats: list[Repeat],
-    startup_s: float,
+    startups: list[float],
     standalone: dict | None,
     extras: dict,
+    events: list[dict],
 ) -> RowRecord:
-    """The record of a row whose repeats finished: `workers` as the strategy reported them before it
-    closed (its attributes are still read); `extras`, its own figures and the row's notes."""
+    """The record of a row's repeats so far: `workers` as its strategy reported them before it closed
+    after the last (its attributes are still read); `startups`, the strategy's start before each;
+    `extras`, its own figures and the row's notes; `events`, what happened in them."""
     target = base.config.target_accuracy
     timed = [t for r in repeats for t in r.timed]
     measured = worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
@@ -75,11 +77,12 @@ def strategy_row(
         repeat_steps_to_target=steps,
         evaluated_repeats=len(evaluated),  # accuracy and time to target are theirs
         target_accuracy=target,
-        startup_s=startup_s,
+        startup_s=median(startups),
+        repeat_startup_s=list(startups),
         driver_peak_rss_mb=peak_rss_mb(),  # the workers' own peaks are in `workers`, where they report one
         step=step_summary(timed, strategy.exchange_every),
         accuracy_curve=tuple(repeats[0].curve),
-        events=list(strategy.events),
+        events=list(events),
         extras=extras,
     )
 
