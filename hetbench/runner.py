@@ -17,10 +17,8 @@ from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.place import place
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import Config, WorkerConfig, from_dict
-from hetbench.data import cached_mnist
 from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME, FLOORS, measure_floor
-from hetbench.gradients import count_parameters
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.output import RunOutput, reopened
@@ -34,7 +32,7 @@ from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.strategies.replica import Replica
 from hetbench.training import Evaluator, Repeat, Schedule, train_repeat
-from hetbench.workload import Net
+from hetbench.workload import load_workload
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +62,8 @@ class RowRun:
         """The row as the run found it: new, or (resumed) its repeats from its checkpoint and the rest
         from its record (the one an interrupted pass left)."""
         row_cfg, reference = scenario.config(cfg, standalone)
-        base = base_row(scenario.strategy, row_cfg.as_dict(), scenario.fields(row_cfg), env)
+        workload = load_workload(row_cfg.run).facts()
+        base = base_row(scenario.strategy, row_cfg.as_dict(), scenario.fields(row_cfg), env, workload)
         row = cls(scenario, row_cfg, reference, base, record=record_of(out.records, scenario))
         saved = out.checkpoints.load(scenario.key) if out.checkpoints else None
         if row.record:
@@ -191,7 +190,7 @@ def run_floors(cfg: Config, env: dict) -> list[FloorRecord]:
     processes failed, the ps-floor alone where it could not connect (measure_floor says so)."""
     base = {"config": redacted(cfg.as_dict()), "env": env}
     try:
-        figures = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, count_parameters(Net()))
+        figures = measure_floor(cfg.floor, cfg.cluster, cfg.workers, cfg.link, load_workload(cfg.run).parameters)
     except RunFailed as e:
         figures = [{"status": "failed", "reason": str(e)}] * len(FLOORS)
     # floor.py's figures read as a record reads (record.from_json: the floors' JSON names)
@@ -206,8 +205,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     """
     registry.check_names(cfg.run.strategies)
     env = environment()
-    _, test = cached_mnist(cfg.run)  # bad data is refused before any file is reserved
-    evaluate = Evaluator(test, cfg.run)
+    # a workload that cannot be loaded, or its bad data, is refused before any file is reserved
+    evaluate = Evaluator(load_workload(cfg.run), cfg.run)
     out = RunOutput(cfg.run, resumed)
     failed: list[str] = []  # the reasons of the rows that failed; the run went on past each
     try:
@@ -218,7 +217,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
         ):
             if cluster_startup_s is not None:
                 log.info("local-multinode cluster up in %.1f s", cluster_startup_s)
-            workers = ramps_started(wait_for_workers(joined, cfg.workers))
+            workers = ramps_started(wait_for_workers(joined, cfg.workers, cluster and cluster.check_alive))
             cluster_cfg = replace(cfg, cluster=joined, workers=workers)
             ray_startup_s = open_ray(cluster_cfg)
             brackets = Brackets(cluster_cfg.job(), wants_standalone(cluster_cfg))

@@ -11,11 +11,11 @@ import torch
 
 from hetbench.clock import now
 from hetbench.config import Fault, RunConfig
-from hetbench.data import Split, normalized
+from hetbench.data import Split
 from hetbench.errors import stop_if_interrupted
 from hetbench.gradients import FlatModel
 from hetbench.step_timing import StepTiming
-from hetbench.workload import Net, accuracy
+from hetbench.workload import LoadedWorkload, accuracy
 
 log = logging.getLogger(__name__)
 
@@ -98,17 +98,18 @@ class Schedule:
 class Evaluator:
     """Test accuracy of flat weights on the driver's CPU; its time never counts as training."""
 
-    def __init__(self, test: Split, run: RunConfig) -> None:
-        images, self.labels = test.tensors("cpu")
-        self.images = normalized(images)  # once: every evaluation reads them
-        self.flat = FlatModel(Net())  # evaluated in eval mode: the dropout rate plays no part
+    def __init__(self, workload: LoadedWorkload, run: RunConfig) -> None:
+        test: Split = workload.test_split()
+        inputs, self.labels = test.tensors("cpu")
+        self.inputs = workload.prepare(inputs)  # once: every evaluation reads them
+        self.flat = FlatModel(workload.build_model(0))  # evaluated in eval mode: dropout plays no part
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))
 
     def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
         self.flat.load_params(weights)
         n = self.final if full else self.quick
-        return accuracy(self.flat.model, self.images[:n], self.labels[:n])
+        return accuracy(self.flat.model, self.inputs[:n], self.labels[:n])
 
 
 @dataclass(frozen=True)

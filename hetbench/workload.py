@@ -1,10 +1,60 @@
-"""The one workload every strategy trains: the PyTorch MNIST example CNN and its optimizer."""
+"""The seam every strategy trains through: the `workload` setting names a built-in (hetbench/workloads/)
+or a user's `module:function` returning a `Workload`; `load_workload` gives every reader its model,
+data, loss and optimizer, and the keyed dropout that keeps a synchronous step one single-device step."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import importlib
+import inspect
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from hetbench.config import RunConfig
+from hetbench.data import Split, check_same_data
+from hetbench.errors import UserError
+from hetbench.gradients import count_parameters
+
+# name -> the module whose `build(run, announce)` makes it; a user's workload is a `module:function`
+BUILT_IN = {"mnist-cnn": "hetbench.workloads.mnist_cnn", "shapes-resnet": "hetbench.workloads.shapes_resnet"}
+
+Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a workload function returns: the model hetbench trains, its data, loss and optimizer."""
+
+    model: Callable[[], nn.Module]
+    """Makes a fresh model, run under a fixed seed (every process starts from the same weights). Its
+    forward takes one batch of prepared inputs and returns class scores [N, classes]."""
+    train: Data | Callable[[], Data]
+    """The training set (inputs, labels), or a function without arguments making it, called once per
+    process: every machine makes its own, and the driver refuses machines whose copies differ."""
+    test: Data | Callable[[], Data]
+    """The test set, as `train`: accuracy is argmax(scores) == label on it."""
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
+    """(scores, labels) -> the batch's mean loss: the workers' gradients are averaged by their batch
+    shares, which is the union batch's gradient only for a mean."""
+    optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None
+    """params -> the optimizer; None: the run's `optimizer` and `lr` settings."""
+    prepare: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """A batch as stored -> the model's input, on the worker's device (uint8 pixels -> float32, say:
+    the stored set stays small on an 8 GB Mac); None: the batch as stored."""
+    name: str = ""
+    """What tables and verdicts call it; empty: its `module:function`."""
+
+
+# ---- keyed dropout -----------------------------------------------------------------------------
 
 
 def _int32(value: int) -> int:
@@ -33,82 +83,307 @@ class KeyedDropout(nn.Module):
 
     A sample drops the same units whichever worker computes it and however the global batch is
     split, so a synchronous step is exactly one single-device step on the union batch, dropout
-    and all: runs on the same seed follow one trajectory unless their arithmetic differs.
+    and all: runs on the same seed follow one trajectory unless their arithmetic differs. The keys
+    are set for one forward by `keyed`; `layer` (numbered in model order by `build_model` when not
+    given) keeps two layers' masks apart.
     """
 
-    def __init__(self, p: float, layer: int) -> None:
+    def __init__(self, p: float, layer: int | None = None) -> None:
         super().__init__()
         self.p, self.layer = p, layer
+        self.keys: torch.Tensor | None = None
 
-    def forward(self, x: torch.Tensor, keys: torch.Tensor | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
-        if keys is None:
-            raise ValueError("a training step with dropout needs its samples' keys (workload.dropout_keys)")
+        if self.keys is None:
+            raise ValueError("a training step with dropout needs its samples' keys (workload.keyed)")
         units = torch.arange(x[0].numel(), dtype=torch.int32, device=x.device) * _int32(0x9E3779B1)
-        drawn = _mix(keys.to(x.device)[:, None] ^ (units + _int32(self.layer * 0x632BE5AB)))
+        drawn = _mix(self.keys.to(x.device)[:, None] ^ (units + _int32(self.layer * 0x632BE5AB)))
         keep = (drawn & 0xFFFFFF) >= round(self.p * (1 << 24))  # 24 uniform bits against the rate
         return x * (keep.view_as(x).to(x.dtype) / (1 - self.p))
 
 
-class Net(nn.Module):
-    """pytorch/examples mnist/main.py's CNN: 1,199,882 parameters; its dropout keyed by sample."""
-
-    def __init__(self, dropout: float = 0.25) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(1, 32, 3, 1)
-        self.conv2 = nn.Conv2d(32, 64, 3, 1)
-        self.dropout1 = KeyedDropout(dropout, layer=1)
-        self.dropout2 = KeyedDropout(dropout, layer=2)
-        self.fc1 = nn.Linear(9216, 128)
-        self.fc2 = nn.Linear(128, 10)
-
-    def forward(self, x: torch.Tensor, keys: torch.Tensor | None = None) -> torch.Tensor:
-        """`keys`: the samples' dropout keys (`dropout_keys`), needed to train with dropout."""
-        x = F.relu(self.conv1(x))
-        x = F.relu(self.conv2(x))
-        x = self.dropout1(F.max_pool2d(x, 2), keys)
-        x = self.dropout2(F.relu(self.fc1(torch.flatten(x, 1))), keys)
-        return F.log_softmax(self.fc2(x), dim=1)
+@contextlib.contextmanager
+def keyed(model: nn.Module, keys: torch.Tensor | None):
+    """The model's KeyedDropout layers draw from `keys` (one per sample) for the forward inside."""
+    layers = [m for m in model.modules() if isinstance(m, KeyedDropout)]
+    for layer in layers:
+        layer.keys = keys
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.keys = None
 
 
-def build_model(dropout: float, seed: int) -> Net:
-    """Same seed, same initial weights on every process: workers start from the server's model."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return Net(dropout)
+def keyed_dropout(model: nn.Module) -> nn.Module:
+    """`model` with each nn.Dropout swapped for a KeyedDropout of its rate (in place; returned): the
+    one change that makes a model with dropout train exactly alike on every split of the batch.
+    Channel dropout (Dropout2d, ...) is left: it draws whole channels, which keyed dropout does not."""
+    for name, child in model.named_children():
+        if type(child) is nn.Dropout:
+            setattr(model, name, KeyedDropout(child.p))
+        else:
+            keyed_dropout(child)
+    return model
 
 
 def build_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
     optimizers = {
-        "adadelta": lambda: torch.optim.Adadelta(params, lr=lr),  # the example's choice
+        "adadelta": lambda: torch.optim.Adadelta(params, lr=lr),  # the PyTorch MNIST example's choice
         "sgd": lambda: torch.optim.SGD(params, lr=lr, momentum=0.9),
         "adam": lambda: torch.optim.Adam(params, lr=lr),
     }
     return optimizers[name]()
 
 
-def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Mean NLL over the batch: the gradient rule in gradients.py relies on the mean."""
-    return F.nll_loss(output, target)
-
-
-def forward_backward(
-    model: nn.Module, images: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor | None = None
-) -> torch.Tensor:
-    """One worker's compute: forward (`keys`: the samples' dropout keys), mean loss, backward into
-    the model's .grad buffers."""
-    loss = loss_fn(model(images, keys), labels)
-    loss.backward()
-    return loss.detach()
-
-
 @torch.inference_mode()
-def accuracy(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, batch: int = 1000) -> float:
+def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch: int = 1000) -> float:
     model.eval()
     correct = 0
     for start in range(0, len(labels), batch):
-        logits = model(images[start : start + batch])
-        correct += (logits.argmax(1) == labels[start : start + batch]).sum().item()
+        scores = model(inputs[start : start + batch])
+        correct += (scores.argmax(1) == labels[start : start + batch]).sum().item()
     model.train()
     return correct / max(1, len(labels))
+
+
+# ---- the loaded workload -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadFacts:
+    """What a record keeps of the workload a row trained (records.py's `workload`)."""
+
+    name: str  # as tables call it
+    spec: str  # the `workload` setting: a built-in's name or a `module:function`
+    parameters: int  # the model's parameters (its float32 flat buffer's bytes are 4x)
+    code: str  # digest of the workload's source: the driver refuses workers whose code differs
+    exact: bool  # whether a synchronous step is exactly one single-device step on the union batch
+    inexact: str | None = None  # why not, where it is not
+    optimizer: str | None = None  # its own optimizer's class; None: the run's `optimizer` and `lr` settings
+
+    @property
+    def model_bytes(self) -> int:
+        """Its model as float32: what one exchange of all its weights or gradients moves."""
+        return self.parameters * 4
+
+
+class LoadedWorkload:
+    """One process's workload: what every strategy, the floor, the evaluator and the records read."""
+
+    def __init__(self, spec: str, workload: Workload, sources: list[Path]) -> None:
+        self.spec, self.workload = spec, workload
+        self.name = workload.name or spec
+        self.loss = workload.loss
+        self._splits: dict[str, Split] = {}
+        model = self.build_model(0)  # refuses what hetbench cannot train alike before any cluster starts
+        self.parameters = count_parameters(model)  # as many as the flat buffer every strategy moves
+        self.inexact = _why_inexact(model)
+        digest = hashlib.sha256()
+        for path in sorted(set(sources)):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        self.code = digest.hexdigest()[:12]
+        own = workload.optimizer  # its class, for the records: learned once, on a throwaway parameter
+        self.optimizer_name = type(own([nn.Parameter(torch.zeros(1))])).__name__ if own else None
+
+    @property
+    def exact(self) -> bool:
+        return self.inexact is None
+
+    def facts(self) -> WorkloadFacts:
+        name, spec = self.name, self.spec
+        return WorkloadFacts(name, spec, self.parameters, self.code, self.exact, self.inexact, self.optimizer_name)
+
+    def fingerprint(self) -> dict:
+        """What a worker reports of the workload it trains (check_same_workload compares them)."""
+        return {"spec": self.spec, "code": self.code}
+
+    def build_model(self, seed: int) -> nn.Module:
+        """Same seed, same initial weights on every process: workers start from the server's model."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = self.workload.model()
+        if not isinstance(model, nn.Module):
+            raise UserError(
+                f"workload {self.spec}: its model() returned a {type(model).__name__}, not a torch nn.Module"
+            )
+        norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+        if norms:
+            raise UserError(
+                f"workload {self.spec}: its model has batch norm ({', '.join(norms)}), whose statistics depend "
+                "on how each step's batch is split between machines: use GroupNorm or LayerNorm"
+            )
+        wide = [name for name, p in model.named_parameters() if p.dtype == torch.float64]
+        if wide:
+            raise UserError(f"workload {self.spec}: its model has float64 parameters ({wide[0]}); MPS has no float64")
+        for layer, dropout in enumerate((m for m in model.modules() if isinstance(m, KeyedDropout)), 1):
+            if dropout.layer is None:
+                dropout.layer = layer
+        return model
+
+    def build_optimizer(self, params, run: RunConfig) -> torch.optim.Optimizer:
+        params = list(params)
+        if self.workload.optimizer is not None:
+            return self.workload.optimizer(params)
+        return build_optimizer(params, run.optimizer, run.lr)
+
+    def prepare(self, batch: torch.Tensor) -> torch.Tensor:
+        if self.workload.prepare is None:
+            return batch
+        prepared = self.workload.prepare(batch)
+        if prepared.dtype == torch.float64:  # the driver's evaluator prepares first: refused before a row
+            raise UserError(
+                f"workload {self.spec}: its prepare() returns float64, which MPS does not have: make it float32"
+            )
+        return prepared
+
+    def forward_backward(
+        self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """One worker's compute on a prepared batch: forward (`keys`: the samples' dropout keys), the
+        mean loss, backward into the model's .grad buffers."""
+        with keyed(model, keys):
+            loss = self.loss(model(inputs), labels)
+        loss.backward()
+        return loss.detach()
+
+    def train_split(self) -> Split:
+        return self._split("train")
+
+    def test_split(self) -> Split:
+        return self._split("test")
+
+    def _split(self, which: str) -> Split:
+        if which not in self._splits:
+            made = getattr(self.workload, which)
+            self._splits[which] = as_split(made() if callable(made) else made, f"{self.spec}:{which}", self.spec)
+        return self._splits[which]
+
+
+def as_split(data: Data, source: str, spec: str) -> Split:
+    """A workload's (inputs, labels) as the Split every worker stores (arrays on the CPU)."""
+    if isinstance(data, Split):
+        return data
+    if not (isinstance(data, tuple | list) and len(data) == 2):
+        raise UserError(f"workload {spec}: its data must be (inputs, labels), got a {type(data).__name__}")
+    inputs, labels = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in data)
+    if inputs.dtype == np.float64:
+        raise UserError(f"workload {spec}: its inputs are float64, which MPS does not have: make them float32")
+    if len(inputs) != len(labels) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+        raise UserError(
+            f"workload {spec}: its data needs one integer label per input ({len(inputs)} inputs, labels {labels.shape})"
+        )
+    return Split(np.ascontiguousarray(inputs), labels.astype(np.int64), source)
+
+
+def _why_inexact(model: nn.Module) -> str | None:
+    drawn = [name for name, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
+    if not drawn:
+        return None
+    return (
+        f"its dropout ({', '.join(drawn)}) draws from each process's own random stream, so a synchronous step "
+        "is not one single-device step on the union batch (hetbench.workload.keyed_dropout(model) swaps nn.Dropout for "
+        "dropout keyed by sample)"
+    )
+
+
+# ---- finding it --------------------------------------------------------------------------------
+
+_loaded: dict[tuple, LoadedWorkload] = {}
+
+
+def load_workload(run: RunConfig, announce: bool = True) -> LoadedWorkload:
+    """The run's workload, once per process for the same settings. A built-in's data follows the run's
+    data settings; workers pass announce=False (the driver has said where the data came from)."""
+    key = (run.workload, run.dropout, run.dataset, run.data_dir, os.environ.get("HETBENCH_DATA_DIR"), run.download)
+    if key not in _loaded:
+        _loaded[key] = _load(run, announce)
+    return _loaded[key]
+
+
+def _load(run: RunConfig, announce: bool) -> LoadedWorkload:
+    spec = run.workload
+    if spec in BUILT_IN:
+        module = importlib.import_module(BUILT_IN[spec])
+        return LoadedWorkload(spec, module.build(run, announce), [Path(module.__file__)])
+    if run.dataset != "mnist":
+        raise UserError(f"dataset: {run.dataset} is MNIST's; workload {spec} brings its own data")
+    module_name, _, function_name = spec.partition(":")
+    if not module_name or not function_name.isidentifier():
+        raise UserError(
+            f"workload {spec!r} is neither a built-in ({', '.join(BUILT_IN)}) nor a module:function, "
+            "e.g. mypkg.mymodel:build"
+        )
+    module = _import(spec, module_name)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise UserError(f"workload {spec}: module {module_name} ({module.__file__}) has no function {function_name}")
+    try:
+        workload = function()
+    except UserError:
+        raise
+    except Exception as e:
+        raise UserError(f"workload {spec}: {function_name}() raised {type(e).__name__}: {e}") from e
+    if not isinstance(workload, Workload):
+        raise UserError(
+            f"workload {spec}: {function_name}() returned a {type(workload).__name__}, not a hetbench Workload"
+        )
+    loaded = LoadedWorkload(spec, workload, _sources(module, workload))
+    _export_path(module)
+    return loaded
+
+
+def _import(spec: str, module_name: str):
+    if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m` does: the folder you run from
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise UserError(
+                f"workload {spec}: no module {module_name} on this machine's Python path "
+                "(run from the folder that holds it, or add that folder to PYTHONPATH)"
+            ) from e
+        raise UserError(f"workload {spec}: importing {module_name} failed: {e}") from e
+    except Exception as e:
+        raise UserError(f"workload {spec}: importing {module_name} failed: {type(e).__name__}: {e}") from e
+
+
+def _sources(module, workload: Workload) -> list[Path]:
+    """The files whose code the workload runs: the function's module and its model class's, where
+    they are the user's (torch's and hetbench's own are covered by the package's code hash)."""
+    files = [Path(inspect.getfile(module))]
+    with contextlib.suppress(TypeError):
+        model_module = sys.modules.get(getattr(workload.model, "__module__", "") or "")
+        if model_module is not None and not model_module.__name__.startswith(("torch", "hetbench")):
+            files.append(Path(inspect.getfile(model_module)))
+    return files
+
+
+def _export_path(module) -> None:
+    """The folder the user's module was imported from, on PYTHONPATH for every process this driver starts
+    (local nodes, Dask workers; Ray's workers get the driver's folder themselves). A joined machine
+    (the Mac) imports its own copy, which the driver compares."""
+    root = Path(inspect.getfile(module)).resolve().parent
+    for _ in range(module.__name__.count(".")):
+        root = root.parent
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if str(root) not in paths and not str(root).startswith(sys.prefix):
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(root), *paths])
+
+
+def check_same_workload(workers: list[dict]) -> None:
+    """Every worker imports the workload on its own machine and loads its own data: all must run the
+    same workload code on the same data, or a step is no longer one step. One sentence if not."""
+    reported = [w for w in workers if "workload" in w]
+    other = next((w for w in reported if w["workload"] != reported[0]["workload"]), None)
+    if other is not None:
+        first, second = reported[0], other
+        raise UserError(
+            f"the workers would train different code: {first['name']} runs workload {first['workload']['spec']} "
+            f"(code {first['workload']['code']}), but {second['name']} runs {second['workload']['spec']} "
+            f"(code {second['workload']['code']}); give every machine the same copy of the workload's module"
+        )
+    check_same_data(workers)

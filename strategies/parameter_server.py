@@ -22,14 +22,14 @@ from hetbench.config import Job
 from hetbench.devices import configure_threads, keep_freed_memory
 from hetbench.errors import WorkersLost
 from hetbench.floor import PS_FLOOR_NAME
-from hetbench.gradients import FlatModel, batch_shares, count_parameters, from_wire, to_wire, weighted_sum
+from hetbench.gradients import FlatModel, batch_shares, from_wire, to_wire, weighted_sum
 from hetbench.partial_step import Undo, step_only
 from hetbench.step_timing import CentralUpdate, StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.replica import Replica
 from hetbench.train_state import load_train_state, train_state
 from hetbench.transport.host_memory import HandsOff, HostBuffers
-from hetbench.workload import build_model, build_optimizer
+from hetbench.workload import load_workload
 
 
 class ParameterServer:
@@ -45,7 +45,7 @@ class ParameterServer:
     def share_with(self, job: Job, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
         self.shared = HostBuffers.create(
-            count_parameters(build_model(job.run.dropout, 0)), slots, job.cluster.step_timeout_s
+            load_workload(job.run, announce=False).parameters, slots, job.cluster.step_timeout_s
         )
         return (self.shared.path, self.shared.numel) if self.shared else None
 
@@ -61,9 +61,10 @@ class ParameterServer:
         keep_freed_memory()  # the optimizer's 4.7 MB temporaries otherwise page-fault afresh every step
         self.wire = job.run.wire_dtype
         # the master weights live where the workers on this host read them: publishing them is free
-        self.flat = FlatModel(build_model(job.run.dropout, seed), self.shared and self.shared.weights)
+        workload = load_workload(job.run, announce=False)
+        self.flat = FlatModel(workload.build_model(seed), self.shared and self.shared.weights)
         chunks = self.flat.optimizer_params()
-        self.optimizer = build_optimizer(chunks, job.run.optimizer, job.run.lr)
+        self.optimizer = workload.build_optimizer(chunks, job.run)
         self.chunks = self.flat.chunks_of(chunks)  # each parameter's offset -> its chunks, to step it alone
         return to_wire(self.flat.params, self.wire)
 

@@ -24,7 +24,6 @@ from hetbench.errors import UserError, WorkersLost
 from hetbench.gradients import from_wire
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayReplica, RayServer
-from hetbench.workload import build_optimizer
 
 NAME = "ray-localsgd"
 
@@ -38,7 +37,7 @@ class LocalReplica(RayReplica):
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
+        self.optimizer = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
         self.round_start = self.flat.params.detach().clone()
         self.delta = torch.empty_like(self.round_start)  # reused every round
         self.taken = None

@@ -34,7 +34,6 @@ from hetbench.cluster.placed import workers_per_host
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.cluster.ray_connection import connect, on_driver_node
 from hetbench.config import Job, WorkerConfig, setting
-from hetbench.data import check_same_data
 from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import from_buffer
 from hetbench.step_timing import StepTiming
@@ -42,6 +41,7 @@ from hetbench.strategies.base import Strategy
 from hetbench.strategies.ray_train_collector import Collector
 from hetbench.strategies.torch_ddp import DDPRank
 from hetbench.training import Schedule
+from hetbench.workload import check_same_workload
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +207,8 @@ class RayTrain(Strategy):
     def _read_ready(self) -> None:
         ready = self._wait(("ready",))[0]
         self.info = [ready[r] for r in sorted(ready)]
-        check_same_data(self.info)  # the ranks load their data on their own nodes, as placed workers do
+        # the ranks load their workload and data on their own nodes, as placed workers do
+        check_same_workload(self.info)
 
     def _fit(self, trainer) -> None:
         try:

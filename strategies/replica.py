@@ -14,12 +14,11 @@ from hetbench.cluster.collective import operating_system
 from hetbench.cluster.processes import machine_memory_mb, peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
-from hetbench.data import cached_mnist, normalized
 from hetbench.devices import configure_threads, device_memory_mb, keep_freed_memory, node_device, set_precision
 from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
-from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
+from hetbench.workload import LoadedWorkload, dropout_keys, load_workload
 
 
 def ramp_of(spec: WorkerConfig) -> tuple[float, float, float] | None:
@@ -44,7 +43,8 @@ class Replica:
     batches: list[int]  # every live worker's samples per step, in rank order
     device: torch.device
     watch: Stopwatch  # my device work's seconds, read once a step
-    images: torch.Tensor  # the training split, on my device, uint8 as it is stored
+    workload: LoadedWorkload  # what I train, imported on my machine
+    inputs: torch.Tensor  # the training split, on my device, as it is stored (MNIST's: uint8)
     labels: torch.Tensor
     # from reset:
     seed: int
@@ -65,8 +65,9 @@ class Replica:
         self.spec = job.workers[rank]
         self.batches = [w.batch for w in job.workers]
         self.device = node_device(self.spec.name, self.spec.device)
-        train = cached_mnist(job.run, announce=False)[0]
-        self.images, self.labels = train.tensors(self.device)
+        self.workload = load_workload(job.run, announce=False)
+        train = self.workload.train_split()
+        self.inputs, self.labels = train.tensors(self.device)
         self.watch = Stopwatch(self.device, self.spec.slowdown, ramp_of(self.spec))
         return {
             "name": self.spec.name,
@@ -79,7 +80,8 @@ class Replica:
             "cores": usable_cores(),  # those this process may run on (its node's share, where pinned)
             "batch": self.spec.batch,
             "slowdown": self.spec.slowdown,
-            "data": train.fingerprint(),  # the driver refuses workers that differ (data.check_same_data)
+            "workload": self.workload.fingerprint(),  # the driver refuses workers that differ (check_same_workload)
+            "data": train.fingerprint(),
             **math,  # the float32 math it trained in, and whether cuDNN autotuned
             "ram_mb": machine_memory_mb(),
             "device_memory_mb": device_memory_mb(self.device),  # its training set on the device, and torch's
@@ -100,7 +102,7 @@ class Replica:
         self.watch.read()  # what a failed step left marked: not the next step's
         self.seed, self.returned_at = seed, None
         self.order = BatchOrder(len(self.labels), self.job.run.batch_size, seed, self.device)
-        self.flat = FlatModel(build_model(self.job.run.dropout, seed).to(self.device))
+        self.flat = FlatModel(self.workload.build_model(seed).to(self.device))
 
     def attach(self, path: str, numel: int, slots: int, slot: int) -> bool:
         """On the server's host: map its shared memory, where my weights come and my gradient goes."""
@@ -159,7 +161,7 @@ class Replica:
         self.batches, self.rank = [self.job.run.batch_size], 0  # my slice is now the whole batch
         try:
             self.reset(self.job.run.seed)
-            optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
+            optimizer = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
             for step in range(warmup + steps):
                 if step == warmup:
                     self.watch.read()  # the warmup's spans: not timed
@@ -170,10 +172,10 @@ class Replica:
             self.batches, self.rank = batches, rank
 
     def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """My slice of global batch `step`: images (normalized from my uint8 copy), labels and dropout
+        """My slice of global batch `step`: inputs (prepared from my stored copy), labels and dropout
         keys, gathered on my device."""
         index = worker_slice(self.order(step), self.batches, self.rank)
-        return normalized(self.images[index]), self.labels[index], dropout_keys(self.seed, step, index)
+        return self.workload.prepare(self.inputs[index]), self.labels[index], dropout_keys(self.seed, step, index)
 
     def local_step(self, step: int) -> None:
         """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient, on my
@@ -204,10 +206,10 @@ class Replica:
         self.watch.stop()
 
     def compute_gradient(self, step: int) -> None:
-        images, labels, keys = self.my_batch(step)
+        inputs, labels, keys = self.my_batch(step)
         self.samples = len(labels)
         self.flat.zero_grad()
-        forward_backward(self.flat.model, images, labels, keys)
+        self.workload.forward_backward(self.flat.model, inputs, labels, keys)
 
     def work(self, device_work) -> None:
         """Run `device_work` on my stopwatch: its seconds on my device (slowed `slowdown` times when

@@ -19,7 +19,6 @@ from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.replica import Replica
 from hetbench.train_state import load_train_state, train_state
-from hetbench.workload import build_optimizer
 
 
 class OneDevice(Replica):
@@ -34,7 +33,7 @@ class OneDevice(Replica):
 
     def reset(self, seed: int) -> None:
         super().reset(seed)
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
+        self.optimizer = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
 
     def train_step(self, step: int) -> float:
         """The step's seconds on my device: marked on its queue at both ends, read after one sync."""

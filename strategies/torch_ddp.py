@@ -35,7 +35,7 @@ from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.replica import Replica
 from hetbench.strategies.single import OneDevice
-from hetbench.workload import Net, build_optimizer, forward_backward
+from hetbench.workload import load_workload
 
 NAME = "torch-ddp"
 
@@ -100,16 +100,16 @@ class DDPRank(Replica):
             start_powerSGD_iter=self.powersgd_start,
             random_seed=seed,
         )
-        self.optimizer = build_optimizer(self.flat.optimizer_params(), self.job.run.optimizer, self.job.run.lr)
+        self.optimizer = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
 
     def train_step(self, step: int) -> tuple[float, float]:
         """My own work's seconds (gathering my slice, compute and update, as on one device) and the
         whole step's: my stopwatch stops while a bucket is all-reduced, and is read once, at the end."""
         self.watch.start()
-        images, labels, keys = self.my_batch(step)
+        inputs, labels, keys = self.my_batch(step)
         self.flat.zero_grad()
         # (1) forward + backward on my slice; (2) runs inside backward, in _allreduce, bucket by bucket
-        forward_backward(self.ddp, images, labels, keys)
+        self.workload.forward_backward(self.ddp, inputs, labels, keys)
         # (3) the same optimizer step on every rank
         self.work(self.optimizer.step)
         reading = self.watch.read()
@@ -173,7 +173,7 @@ class TorchDDP(Strategy):
         super().__init__(job)
         self.powersgd_rank = self.settings.powersgd_rank if self.settings.compression == "powersgd" else None
         if self.powersgd_rank:  # the factors' share of the model, in float32 whatever wire_dtype says
-            self.floor_transfers = powersgd_fraction(Net(), self.powersgd_rank)
+            self.floor_transfers = powersgd_fraction(load_workload(job.run).build_model(0), self.powersgd_rank)
             self.wire_dtype = "float32"
             self.table_note = (
                 f"torch-ddp: PowerSGD at rank {self.powersgd_rank} sends {self.floor_transfers:.1%} of the "

@@ -9,6 +9,7 @@ Tiers (dask/distributed's convention): `pytest -q` runs the fast tier; tests mar
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -20,6 +21,10 @@ from hetbench.cluster.ray_connection import use_ray_defaults
 from hetbench.errors import INTERRUPTED, interrupt
 
 use_ray_defaults()  # as the CLI does, before any test's Ray reads them
+# tests/tiny_workload.py is a user's workload module: the processes the session's cluster starts
+# import it as every machine must (hetbench exports a run's own module folder, but this cluster
+# starts before any run)
+os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
 def pytest_addoption(parser):

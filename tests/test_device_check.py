@@ -52,10 +52,12 @@ def test_a_supported_driver_and_gpu_pass():
 
 
 def test_a_device_that_cannot_run_the_model_is_refused_in_one_sentence(monkeypatch):
-    def no_kernel(model, images, labels, keys):
+    from hetbench.workload import LoadedWorkload
+
+    def no_kernel(self, model, inputs, labels, keys):
         raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nCompile with ...")
 
-    monkeypatch.setattr(device_check, "forward_backward", no_kernel)
+    monkeypatch.setattr(LoadedWorkload, "forward_backward", no_kernel)
     with pytest.raises(UserError) as refused:
         device_check.require("cpu")
     assert str(refused.value) == (

@@ -1,6 +1,7 @@
 """An emulated slower device (`slowdown`): slowed for its own work, not for the box's crowding."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -32,7 +33,9 @@ def test_an_emulated_worker_waits_slowdown_minus_one_times_its_work():
     started = time.perf_counter()
     seconds = worked(3.0, lambda: time.sleep(0.1))
     assert seconds == pytest.approx(0.3, abs=0.05)
-    assert time.perf_counter() - started == pytest.approx(seconds, abs=0.01)  # it really waited
+    waited = time.perf_counter() - started
+    # it really waited: not less than it reports (a loaded box may add its own delay, never remove one)
+    assert seconds - 0.01 <= waited <= seconds + 0.15
 
 
 def test_time_spent_waiting_for_a_cpu_is_not_multiplied(monkeypatch):
@@ -133,23 +136,30 @@ def test_a_worker_that_slows_as_it_heats_is_followed_by_the_split_and_its_row_fl
         tmp_path,
         *shared_cluster.overrides,
         "name=heating",
-        "strategies=[single, ray-ps]",
+        # the baseline last, and a steep ramp that a long row spans much of: the mac's slowdown is
+        # (1 + k(b + d)) / (1 + kb) across a row of d seconds that starts b seconds into the ramp, so
+        # a slow start (b: 18 s here, longer on a loaded box) is outweighed by a long row; CI saw an
+        # 80-step row (d ~ 15 s) time the mac only 15% slower while its box sped up 22%
+        "strategies=[ray-ps, single]",
         "balance=[auto]",
         "batch_size=64",
-        "workers=[{name: desk}, {name: mac, slowdown_to: 4.0, ramp_s: 25}]",  # as fast as desk at first
+        "workers=[{name: desk}, {name: mac, slowdown_to: 30.0, ramp_s: 150}]",  # as fast as desk at first
         "rebalance_every=4",
-        "steps=40",
+        "steps=240",
         "warmup_steps=2",
         "standalone_steps=6",
         "repeats=1",
-        "eval_every=50",
+        "eval_every=120",
         "floor.enabled=false",
     )
-    single, row = json.loads(run(cfg).path.read_text())
+    row, single = json.loads(run(cfg).path.read_text())
     assert row["status"] == "ok" and row["config"]["workers"][1]["ramp_start"] > 0  # the run's start, recorded
     splits = [e["rebalanced"]["mac"] for e in row["events"] if "rebalanced" in e]
     assert len(splits) >= 2 and splits[-1] < splits[0]  # the split follows the mac down as it slows
     drift = row["standalone_timings"]["mac"]
     assert max(drift["after"]) < min(drift["before"]), (drift, splits)  # timed alone after the row: slower
     table = (tmp_path / "results" / "heating.md").read_text()
-    assert "(flagged: mac slowed" in table and "ok (mac -" in table, (drift, splits, table)
+    # the mac flagged, whatever this box's own drift did to the desk meanwhile ("desk slowed 15% and ...")
+    flagged = re.search(r"\(flagged: ([^)]*) during this row\)", table)
+    assert flagged and "mac slowed" in flagged[1], (drift, splits, table)
+    assert re.search(r"\| ok \((desk [+-]\d+%, )?mac -\d+%\)", table), table

@@ -15,6 +15,12 @@ def test_first_update_equals_the_single_device_step_on_the_union_batch(tmp_path,
     check_first_update_is_the_union_batch_step(tmp_path, name, shared_cluster)
 
 
+@pytest.mark.parametrize("name", registered(lambda cls: cls.distributed and cls.synchronous))
+def test_a_users_workload_takes_the_same_step_through_every_strategy(tmp_path, name, shared_cluster):
+    # tests/tiny_workload.py: its own model, data and optimizer, imported by module:function everywhere
+    check_first_update_is_the_union_batch_step(tmp_path, name, shared_cluster, "workload=tiny_workload:build")
+
+
 @pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
 def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, name, shared_cluster):
     strategy = made(registry.load(name), small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))

@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 import torch
 
+from helpers import build_model, forward_backward
 from hetbench.gradients import (
     FlatModel,
     batch_shares,
@@ -21,7 +22,7 @@ from hetbench.gradients import (
     weighted_sum,
 )
 from hetbench.strategies.base import BatchOrder, worker_slice
-from hetbench.workload import build_model, build_optimizer, dropout_keys, forward_backward
+from hetbench.workload import build_optimizer, dropout_keys
 
 
 def rule(grads, samples):

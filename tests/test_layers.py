@@ -13,9 +13,10 @@ import hetbench
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
     {"errors", "inputs", "identity", "cores", "devices", "clock", "progress", "step_timing"},
-    {"workload", "gradients", "partial_step", "balance", "train_state", "device_check"},
+    {"gradients", "partial_step", "balance", "train_state"},
     {"config"},
-    {"data", "training"},
+    {"data"},
+    {"workload", "workloads", "device_check", "training"},
     {"transport", "cluster"},
     {"strategies", "floor", "standalone"},
     {"scenarios"},

@@ -448,6 +448,23 @@ def test_a_stand_in_mac_forms_every_group_over_tcp_and_gloo_forced_is_refused_in
 
 
 @pytest.mark.slow
+def test_a_stand_in_mac_draws_floats_as_a_macs_cpu_does_so_a_workload_drawing_them_is_refused(tmp_path):
+    # torch.randn's last bits come from the CPU's vector kernels, which the stand-in lacks as an arm64
+    # Mac does: its copy of tiny_workload's data differs from the desk's; workloads/example.py draws integers
+    one_row = ("strategies=[ray-ps]", "balance=[equal]", "standalone_steps=0", "floor.enabled=false")
+    on_a_mac = (*one_row, "cluster.macos_nodes=[mac]")
+    refused = run_on_two_nodes(tmp_path / "floats", *on_a_mac, "workload=tiny_workload:build")
+    assert refused.returncode == 2 and "the workers would train on different data: desk has " in refused.stderr
+    assert "floats drawn on one CPU differ on another" in refused.stderr and records_of(tmp_path / "floats") == []
+    assert run_on_two_nodes(tmp_path / "linux", *one_row, "workload=tiny_workload:build").returncode == 0
+    drawn = run_on_two_nodes(tmp_path / "integers", *on_a_mac, "workload=workloads.example:build")
+    assert drawn.returncode == 0, drawn.stderr[-3000:]
+    (row,) = records_of(tmp_path / "integers")
+    assert row["status"] == "ok" and row["workload"]["name"] == "example-mlp"
+    assert {w["name"]: w["os"] for w in row["workers"]} == {"desk": "Linux", "mac": "Darwin"}
+
+
+@pytest.mark.slow
 def test_a_stand_in_macs_ray_node_refuses_to_join_without_rays_macos_flag_as_a_macs_does(tmp_path):
     # what a Mac's Ray does unless told: no node joins another (hetbench's process defaults tell it)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

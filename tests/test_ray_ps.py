@@ -130,6 +130,14 @@ def test_a_joined_run_waits_for_missing_nodes_then_names_them_or_runs_without(tm
         wait_for_workers(cfg.cluster, cfg.workers)
     assert 3 <= time.monotonic() - started < 30 and not ray.is_initialized()
     assert "waiting for 'ipad' (Ray node) to join" in caplog.text
+
+    def exited():  # what LocalMultinode.check_alive raises once a node it started has died
+        raise UserError("local-multinode: 'ray start' exited with 1 while starting")
+
+    started = time.monotonic()  # a node that died is said at once, not waited for
+    with pytest.raises(UserError, match="exited with 1 while starting"):
+        wait_for_workers(replace(cfg.cluster, wait_for_workers_s=60), cfg.workers, exited)
+    assert time.monotonic() - started < 30
     cfg = replace(cfg, cluster=replace(cfg.cluster, allow_missing=True))
     kept = wait_for_workers(cfg.cluster, cfg.workers)
     assert [(w.name, w.batch) for w in kept] == [("d", 48)]  # the global batch is kept

@@ -167,7 +167,7 @@ def test_a_worker_that_finished_no_batch_in_most_steps_is_judged_by_those_it_did
     # ray-ps-async at 100 Mbit: the slow worker's batch rides a 0.8 s round trip, so most steps lack it
     timed = [StepTiming({"desk": 0.2, "mac": 0.6 if i % 4 == 0 else 0.0}, 0.0, 0.0, 0.25) for i in range(8)]
     workers = [{"name": "desk", "batch": 192}, {"name": "mac", "batch": 64}, {"name": "lost", "batch": 8}]
-    desk, mac, lost = worker_figures(workers, timed, 2.0, "float32")
+    desk, mac, lost = worker_figures(workers, timed, 2.0, "float32", 1_199_882)
     assert desk.compute_s == 0.2 and desk.compute_samples_per_s == 192 / 0.2
     assert mac.compute_s == 0.6 and mac.compute_samples_per_s == 64 / 0.6
     assert lost.compute_s is None and lost.wire_bytes_per_step > 0

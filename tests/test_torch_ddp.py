@@ -4,11 +4,10 @@ import statistics
 
 import torch
 
-from helpers import UNEQUAL, made, small_config
-from hetbench.gradients import count_parameters, powersgd_fraction
+from helpers import UNEQUAL, cnn, made, small_config
+from hetbench.gradients import powersgd_fraction
 from hetbench.runner import run
 from hetbench.strategies import registry
-from hetbench.workload import Net
 
 
 def weights_after(cfg, name: str, steps: list[int], before_step=None) -> list[torch.Tensor]:
@@ -70,9 +69,9 @@ def test_powersgd_steps_as_the_rule_until_it_starts_then_records_the_share_it_se
     assert torch.allclose(ddp[0], single[0], atol=1e-4, rtol=0)
     assert (ddp[1] - single[1]).abs().max() > 1e-3
     (row,) = [r for r in run(cfg).records if r.strategy == "torch-ddp"]
-    fraction = powersgd_fraction(Net(), 1)
+    fraction = powersgd_fraction(cnn().build_model(0), 1)
     assert 0.005 < fraction < 0.02 and row.floor_transfers == fraction  # ~100x less than the model
-    model_bytes = count_parameters(Net()) * 4
+    model_bytes = cnn().parameters * 4
     assert [w.wire_bytes_per_step for w in row.workers] == [fraction * model_bytes] * 2
     assert "PowerSGD at rank 1" in row.table_note and "from step 3" in row.table_note
     assert row.config.of("torch-ddp").compression == "powersgd"

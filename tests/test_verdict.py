@@ -380,3 +380,37 @@ def test_a_row_measured_while_a_machine_slowed_is_flagged_in_the_verdict_and_the
     assert not any("flagged" in line for line in lines[1:])  # desk: one pass slower, one faster
     table = markdown(typed(records))
     assert "| ok (mac -18%) " in table and table.count("(mac ") == 1
+
+
+PLAIN_DROPOUT = {
+    "name": "tiny-mlp",
+    "spec": "tiny_workload:plain",
+    "parameters": 676,
+    "code": "0123456789ab",
+    "exact": False,
+    "inexact": "its dropout (2) draws from each process's own random stream",
+}
+
+
+def test_a_workload_whose_dropout_is_not_keyed_is_not_paired_by_seed_and_says_so():
+    from hetbench.results.verdict import seeded_pairs
+
+    base = {**SINGLE, **paired([37.0, 40.0, 43.0], [0.5, 0.5, 0.5], 40.0), "workload": PLAIN_DROPOUT}
+    row = {**ALLREDUCE, **paired([35.0, 38.5, 40.5], [0.5, 0.5, 0.5], 38.5), "workload": PLAIN_DROPOUT}
+    assert seeded_pairs(from_json(row), from_json(base)) is None  # their trajectories part at the first step
+    lines = verdict([base, FLOOR, row])
+    assert "(38 s and 40 s: within 6.5 s)" in lines[0]  # by the repeats' spread and the checks, not by pairs
+    assert lines[-1] == (
+        "  Not exact (tiny-mlp): its dropout (2) draws from each process's own random stream; "
+        "times to target are not paired by seed."
+    )
+
+
+def test_what_would_change_it_speaks_of_the_workload_its_bytes_and_each_devices_compute():
+    facts = {**PLAIN_DROPOUT, "name": "shapes-resnet", "parameters": 308_650, "exact": True, "inexact": None}
+    floor = {**FLOOR, "bytes": 308_650 * 4}
+    said = what_would_change_it({**LINK, "workload": facts}, SINGLE, floor)
+    assert said.startswith(
+        "shapes-resnet moves 1.2 MB a step and computes a sample in desk (cuda) 0.33 ms, mac (mps) 1.00 ms alone: "
+    )
+    assert said.endswith("or at this batch a link whose all-reduce of its 1.2 MB takes under 21 ms")

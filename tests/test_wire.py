@@ -5,11 +5,10 @@ import json
 import pytest
 import torch
 
-from helpers import UNEQUAL, first_update, small_config
-from hetbench.gradients import count_parameters, from_wire, to_wire
+from helpers import UNEQUAL, cnn, first_update, small_config
+from hetbench.gradients import from_wire, to_wire
 from hetbench.runner import run
 from hetbench.strategies import registry
-from hetbench.workload import Net
 
 
 def test_float32_travels_as_itself_and_narrower_wires_round_once():
@@ -61,6 +60,6 @@ def test_records_say_what_each_worker_moves_a_step(tmp_path, shared_cluster):
     )
     _, local_sgd = json.loads(run(cfg).path.read_text())
     # an exchange every 2 steps: the delta up and the weights down, 2 bytes a parameter
-    assert [w["wire_bytes_per_step"] for w in local_sgd["workers"]] == [count_parameters(Net()) * 2] * 2
+    assert [w["wire_bytes_per_step"] for w in local_sgd["workers"]] == [cnn().parameters * 2] * 2
     assert local_sgd["floor_transfers"] == 0.5  # in float32 all-reduces of the model: 2 transfers / 2 steps / 2
     assert local_sgd["step"]["exchange_every"] == 2  # its step figures are a round's mean

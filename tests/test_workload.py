@@ -1,8 +1,10 @@
 import pytest
 import torch
 
+from helpers import build_model
 from hetbench.gradients import count_parameters
-from hetbench.workload import Net, build_model, dropout_keys
+from hetbench.workload import dropout_keys, keyed
+from hetbench.workloads.mnist_cnn import Net
 
 
 def test_cnn_has_the_example_parameter_count():
@@ -39,28 +41,37 @@ def test_a_samples_dropout_mask_follows_its_key_not_its_batch():
     computed alone, in a worker's slice or in the whole batch, in any order."""
     model = build_model(0.5, seed=0).train()
     x, index = torch.randn(6, 1, 28, 28), torch.tensor([9, 4, 17, 0, 3, 12])
-    whole = model(x, dropout_keys(1, 7, index))
-    parts = [model(x[s], dropout_keys(1, 7, index[s])) for s in (slice(0, 2), slice(2, 6))]
+
+    def forward(inputs, keys):
+        with keyed(model, keys):
+            return model(inputs)
+
+    whole = forward(x, dropout_keys(1, 7, index))
+    parts = [forward(x[s], dropout_keys(1, 7, index[s])) for s in (slice(0, 2), slice(2, 6))]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=0, atol=1e-6)
-    reversed_ = model(x.flip(0), dropout_keys(1, 7, index.flip(0)))
+    reversed_ = forward(x.flip(0), dropout_keys(1, 7, index.flip(0)))
     torch.testing.assert_close(reversed_.flip(0), whole, rtol=0, atol=1e-6)
     for other in (dropout_keys(2, 7, index), dropout_keys(1, 8, index)):  # another seed, another step
-        assert not torch.allclose(model(x, other), whole)
+        assert not torch.allclose(forward(x, other), whole)
 
 
 def test_keyed_masks_drop_the_rate_independently_per_sample_and_unit():
     layer = Net(dropout=0.25).dropout1.train()
     keys = dropout_keys(0, 0, torch.arange(512))
-    kept = layer(torch.ones(512, 9216), keys) != 0
+    with keyed(layer, keys):
+        kept = layer(torch.ones(512, 9216)) != 0
     assert abs(kept.float().mean().item() - 0.75) < 0.002  # 4.7M draws: the rate to within 0.2 points
     assert abs(kept.float().mean(0).std().item() - (0.75 * 0.25 / 512) ** 0.5) < 0.002  # units: binomial
     agree = (kept[:-1] == kept[1:]).float().mean().item()  # neighbouring samples: as two coins agree
     assert abs(agree - (0.75**2 + 0.25**2)) < 0.002
-    assert torch.equal(layer(torch.ones(2, 9216), keys[:2]).unique(), torch.tensor([0.0, 1 / 0.75]))
+    with keyed(layer, keys[:2]):
+        assert torch.equal(layer(torch.ones(2, 9216)).unique(), torch.tensor([0.0, 1 / 0.75]))
 
 
 def test_training_with_dropout_needs_keys_and_evaluation_ignores_them():
     model, x = Net(dropout=0.25), torch.randn(3, 1, 28, 28)
     with pytest.raises(ValueError, match="needs its samples' keys"):
         model.train()(x)
-    assert torch.equal(model.eval()(x), model.eval()(x, dropout_keys(0, 0, torch.arange(3))))
+    plain = model.eval()(x)
+    with keyed(model, dropout_keys(0, 0, torch.arange(3))):
+        assert torch.equal(model(x), plain)

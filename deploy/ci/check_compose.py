@@ -168,6 +168,10 @@ def run(args) -> None:
     if sorted({r["strategy"] for r in records if r["strategy"] not in FLOORS}) != sorted(strategies):
         fail(f"the records hold {[r['strategy'] for r in records]}, not {strategies}")
     check_records(records, strategies, args.floor)
+    if args.workload:  # a user's module, mounted into the desk's containers and on the Mac's path
+        trained = {r["strategy"]: r["workload"]["spec"] for r in records if r["strategy"] not in FLOORS}
+        if set(trained.values()) != {args.workload}:
+            fail(f"the rows trained {trained}, not {args.workload}")
     if args.collective:
         check_collective(records, args.collective)
     if args.gloo_interfaces:
@@ -181,8 +185,9 @@ def run(args) -> None:
         fail("some results are not owned by the results directory's owner")
     check_token_kept(client, services, results, Path(args.token_file).read_text().strip(), Path(args.worker_log))
     print(
-        f"check_compose: ok: {len(records)} records: {', '.join(strategies)}{' and the floor' * args.floor}, on "
-        "the nodes they belong on; tables written; the token only in its file"
+        f"check_compose: ok: {len(records)} records: {', '.join(strategies)}{' and the floor' * args.floor}"
+        f"{f' on {args.workload}' if args.workload else ''}, on the nodes they belong on; tables written; the "
+        "token only in its file"
     )
 
 
@@ -233,6 +238,7 @@ def main() -> None:
         "--floor", action="store_true", help="the run has the floors' rows (gloo-floor, ps-floor), across the link"
     )
     ran.add_argument("--collective", help="the backend every group (rows and the all-reduce floor) formed on")
+    ran.add_argument("--workload", help="the module:function every row must have trained")
     ran.add_argument("--gloo-interfaces", help="node=interface,...: where each node's gloo must have run")
     ran.set_defaults(func=run)
     slept = sub.add_parser("woke")

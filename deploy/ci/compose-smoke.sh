@@ -162,10 +162,14 @@ say "joining as the mac node from namespace $MAC_NS: deploy/mac/worker.sh $HEAD_
 # with .ci/run's test set it would train on the whole offline sample, the desk on 4,000 of it
 # Its processes fail at any gloo group as a real Mac's do against a Linux desktop (no tcp transport
 # in Linux torch's gloo for GLOO_DEVICE_TRANSPORT=UV, the only one macOS's has) and report macOS:
-# every group must form on hetbench's TCP group (cluster/collective.py). It has no MPS: it joins as
-# a Mac without one must, with MAC_DEVICE=cpu (as the desk's .env says)
+# every group must form on hetbench's TCP group (cluster/collective.py); it has none of the desk's
+# x86 vector kernels, so data drawn with float math differs as a real Mac's does (its environment:
+# hetbench.cluster.multinode.MAC_STAND_IN). It has no MPS: it joins as a Mac without one must, with
+# MAC_DEVICE=cpu (as the desk's .env says)
+read -ra MAC_STAND_IN <<< "$("$VENV/bin/python" -c 'from hetbench.cluster.multinode import MAC_STAND_IN as e
+print(" ".join(f"{k}={v}" for k, v in e.items()))')"
 ip netns exec "$MAC_NS" env -u HETBENCH_DATA_DIR VENV="$WORK/mac-venv" RAY_AUTH_TOKEN_PATH="$WORK/ray-token" \
-  GLOO_DEVICE_TRANSPORT=UV HETBENCH_REPORTED_OS=Darwin MAC_DEVICE=cpu \
+  "${MAC_STAND_IN[@]}" MAC_DEVICE=cpu \
   bash deploy/mac/worker.sh "$HEAD_HOST" --timeout 120 > "$WORK/worker.log" 2>&1 &
 WORKER_PID=$!
 
@@ -199,12 +203,14 @@ done < "$WORK/mac-listening.txt"
 
 # 8b. the mac's ephemeral ports opened to the desktop (docs/deployment.md: Ports: Ray Train's rank 0, which
 #     may be the mac's, holds the group's rendezvous there), ray-train and the floor across the
-#     link, in a second run of the runner
+#     link, in a second run of the runner, on a user's module: workloads/, which compose mounts
+#     into the desk's containers and worker.sh puts on the Mac's path
 "${MAC_FW[@]}" -A INPUT -s "$HEAD_HOST" -p tcp --dport "$MAC_EPHEMERAL" -j ACCEPT
-sed -i "s/^HETBENCH_ARGS=.*/HETBENCH_ARGS=$SHORT --set strategies=[ray-train]/" "$WORK/ci.env"
-say "running the desktop-mac job: ray-train and the floor, the mac's ephemeral ports open"
+USER_WORKLOAD=workloads.example:build
+sed -i "s/^HETBENCH_ARGS=.*/HETBENCH_ARGS=$SHORT --set strategies=[ray-train] --set workload=$USER_WORKLOAD/" "$WORK/ci.env"
+say "running the desktop-mac job: ray-train and the floor on $USER_WORKLOAD, the mac's ephemeral ports open"
 "${COMPOSE[@]}" up -d --no-build --no-deps --force-recreate runner
-"${CHECK_RUN[@]}" --strategies ray-train --floor --collective tcp \
+"${CHECK_RUN[@]}" --strategies ray-train --floor --collective tcp --workload "$USER_WORKLOAD" \
   --gloo-interfaces "desktop=$HOST_END,mac=$MAC_END"
 
 # 9. the Mac sleeps (every process of its worker stopped) long past the head's health checks, then

@@ -15,11 +15,11 @@ import torch
 import torch.multiprocessing as mp
 
 from hetbench.cluster.ray_connection import use_ray_defaults
-from hetbench.config import load_config
+from hetbench.config import RunConfig, load_config
 from hetbench.devices import resolve_device, synchronize
 from hetbench.gradients import WIRE_DTYPES, FlatModel, from_wire, to_wire, weighted_allreduce
 from hetbench.strategies import registry
-from hetbench.workload import build_model
+from hetbench.workload import load_workload
 
 SHARES = [0.625, 0.375]  # batches 40 and 24 of 64
 STRICT_FP32 = "import torch\ntorch.backends.cudnn.allow_tf32 = False\ntorch.backends.cuda.matmul.allow_tf32 = False\n"
@@ -28,7 +28,8 @@ TOLERANCE = {"float32": 0.0, "bfloat16": 2**-8, "float16": 2**-11}  # relative r
 
 def wire(device: torch.device) -> None:
     """The model's flat weights on `device`, to the wire and back, in every wire dtype; loaded into a model there."""
-    flat = FlatModel(build_model(0.0, 0).to(device))
+    cnn = load_workload(RunConfig())
+    flat = FlatModel(cnn.build_model(0).to(device))
     sent = flat.params.cpu()
     for name, dtype in WIRE_DTYPES.items():
         back = from_wire(to_wire(flat.params, name))
@@ -36,7 +37,7 @@ def wire(device: torch.device) -> None:
         error = ((back - sent).abs()[normal] / sent.abs()[normal]).max().item()
         assert error <= TOLERANCE[name], f"{name}: relative error {error:.2e} beyond {TOLERANCE[name]:.2e}"
         assert torch.allclose(back, sent, rtol=TOLERANCE[name], atol=torch.finfo(dtype).tiny), name
-        target = FlatModel(build_model(0.0, 1).to(device))
+        target = FlatModel(cnn.build_model(1).to(device))
         target.load_params(back.to(device))
         synchronize(device)
         assert torch.equal(target.params.cpu(), back), f"{name}: the weights loaded on {device} differ"

@@ -38,6 +38,7 @@ export RAY_AUTH_MODE=${RAY_AUTH_MODE:-token}
 if [ -z "${RAY_AUTH_TOKEN:-}" ]; then
   export RAY_AUTH_TOKEN_PATH=${RAY_AUTH_TOKEN_PATH:-$HOME/.config/hetbench/ray-token}
 fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout: workloads/NAME.py as the desktop's containers see it
 export PYTORCH_ENABLE_MPS_FALLBACK=0  # an op MPS lacks fails loudly, never runs on the CPU unseen
 KEEP_AWAKE=()  # expanded below as macOS's bash 3.2 allows an empty array under `set -u`
 if command -v caffeinate >/dev/null; then

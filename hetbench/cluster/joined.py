@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 
 from hetbench.balance import split_batch
@@ -46,8 +47,13 @@ def missing_labels(wanted: set[str], ray_conn, dask_client) -> dict[str, list[st
     }
 
 
-def wait_for_workers(cluster: ClusterConfig, workers: tuple[WorkerConfig, ...]) -> tuple[WorkerConfig, ...]:
-    """The workers to run: unchanged once every label is there, or without the missing ones."""
+def wait_for_workers(
+    cluster: ClusterConfig, workers: tuple[WorkerConfig, ...], check_alive: Callable[[], None] | None = None
+) -> tuple[WorkerConfig, ...]:
+    """The workers to run: unchanged once every label is there, or without the missing ones.
+
+    `check_alive` raises once a node this run started itself has exited (LocalMultinode's): a node
+    that failed to start is said at once, not waited for until the timeout."""
     for address in (cluster.ray_address, cluster.dask_scheduler):
         if address:
             check_reachable(address, cluster.connect_timeout_s)
@@ -62,6 +68,8 @@ def wait_for_workers(cluster: ClusterConfig, workers: tuple[WorkerConfig, ...]) 
         dask_client = stack.enter_context(_dask_client(cluster)) if cluster.dask_scheduler else None
         deadline, next_report = time.monotonic() + cluster.wait_for_workers_s, 0.0
         while True:
+            if check_alive is not None:
+                check_alive()
             missing = missing_labels(wanted, ray_conn, dask_client)
             if not missing:
                 return workers

@@ -37,8 +37,16 @@ HOST_IP = "127.0.0.1"
 # A Mac's processes, as far as a Linux process can be one to the group it joins: macOS has only
 # gloo's uv transport, which Linux torch lacks, so any gloo group fails at once there as a real
 # Mac's does against a Linux desktop (pytorch/gloo#383); and it reports macOS, so `auto` chooses
-# as on the real pair (cluster/collective.py).
-MAC_STAND_IN = {"GLOO_DEVICE_TRANSPORT": "UV", REPORTED_OS_ENV: "Darwin"}
+# as on the real pair (cluster/collective.py). An arm64 Mac has none of the desktop's x86 vector
+# kernels, whose float results differ in their last bits (torch.randn, numpy's float32 sin/exp):
+# without them, data a workload draws with float math differs from the desktop's as on the real
+# pair, and the driver refuses it (data.check_same_data).
+MAC_STAND_IN = {
+    "GLOO_DEVICE_TRANSPORT": "UV",
+    REPORTED_OS_ENV: "Darwin",
+    "ATEN_CPU_CAPABILITY": "default",
+    "NPY_DISABLE_CPU_FEATURES": "X86_V3,X86_V4,AVX512_ICL,AVX512_SPR",
+}
 # What Ray does on macOS unless told otherwise: no node may join another (ray_constants.ENABLE_RAY_CLUSTER)
 MACOS_DEFAULTS = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 HEALTH_CHECKS = {
@@ -248,7 +256,7 @@ class LocalMultinode:
         """The address `read()` finds once `what` has written it, within timeout_s."""
         deadline = time.monotonic() + self.timeout_s
         while True:
-            self._check_alive()
+            self.check_alive()
             address = read()
             if address:
                 return address
@@ -272,7 +280,7 @@ class LocalMultinode:
         deadline = time.monotonic() + timeout
         with Client(self.dask_scheduler, timeout=timeout) as client:
             while True:
-                self._check_alive()
+                self.check_alive()
                 left = offending({w["name"] for w in dask_workers(client).values()})
                 if not left:
                     return
@@ -282,7 +290,8 @@ class LocalMultinode:
                     )
                 time.sleep(0.3)
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raises in a sentence once a process this cluster started has exited (while it starts)."""
         for proc in self.procs:
             if proc.poll() is not None:
                 raise UserError(

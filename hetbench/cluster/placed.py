@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from hetbench.config import ClusterConfig, WorkerConfig
-from hetbench.data import check_same_data
+from hetbench.workload import check_same_workload
 
 
 class Placed(ABC):
@@ -47,7 +47,7 @@ class Placed(ABC):
         self.info = self.results(
             [self.call(i, "setup", job, rank, threads[i]) for i, rank in enumerate(self.ranks)], "setting up"
         )
-        check_same_data(self.info)
+        check_same_workload(self.info)
         return self.info
 
     def each(self, method: str, args: list[tuple], doing: str) -> list:

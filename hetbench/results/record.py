@@ -10,6 +10,7 @@ from hetbench.clock import median
 from hetbench.config import RENAMED
 from hetbench.floor import FLOOR_NAME, FLOORS
 from hetbench.training import CurvePoint
+from hetbench.workload import WorkloadFacts
 
 SCHEMA_VERSION = 2  # 1: the untyped records before this module (no "schema" key)
 
@@ -169,6 +170,7 @@ class RowRecord:
     reason: str | None = None  # why it failed or was skipped
     config: Settings = field(default_factory=Settings)
     env: Env | None = None
+    workload: WorkloadFacts | None = None  # what it trained; None: a record from before the seam (mnist-cnn)
     balance: str | None = None  # equal | proportional | auto; None for the baseline
     split: list[int] | None = None  # each worker's batch
     workers: tuple[Worker, ...] = ()
@@ -208,6 +210,11 @@ class RowRecord:
         return bool(self.samples_per_s)
 
     @property
+    def workload_name(self) -> str:
+        """What the row trained, as tables call it (records from before the seam: the only workload)."""
+        return self.workload.name if self.workload else "mnist-cnn"
+
+    @property
     def resplits(self) -> int:
         """Times rebalance_every re-split the batch after the warm-up."""
         return sum(1 for e in self.events if "rebalanced" in e and not e.get("in_warmup"))
@@ -244,6 +251,12 @@ class FloorPath:
     ips: list[str | None] = field(default_factory=list)
     interfaces: list | None = None
     systems: list[str | None] = field(default_factory=list)
+
+
+def megabytes(count: float) -> str:
+    """A byte count as tables write it: "4.8 MB"; under 0.1 MB to two significant figures."""
+    mb = count / 1e6
+    return f"{mb:.1f} MB" if mb >= 0.1 else f"{mb:.2g} MB"
 
 
 @dataclass(frozen=True)
@@ -305,6 +318,7 @@ OBJECT_KEYS = (  # a record's parts, at its top level
     "path",
     "link",
     "standalone_timings",
+    "workload",
 )
 
 
@@ -406,6 +420,7 @@ def _row(data: dict) -> RowRecord:
         "accuracy_curve": tuple(CurvePoint(**_known(CurvePoint, p)) for p in data.get("accuracy_curve") or []),
         "standalone_timings": _timings(data["standalone_timings"]) if data.get("standalone_timings") else None,
         "reference": Reference(**_known(Reference, data["reference"])) if data.get("reference") else None,
+        "workload": WorkloadFacts(**_known(WorkloadFacts, data["workload"])) if data.get("workload") else None,
         "events": list(data.get("events") or []),
     }
     lists = ("repeat_samples_per_s", "repeat_timed_steps", "repeat_time_to_target_s")

@@ -18,7 +18,7 @@ from hetbench.devices import available_devices, describe, resolve_device
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
 from hetbench.inputs import load_json, read_text
-from hetbench.results.record import Record, RecordError, from_json, to_json
+from hetbench.results.record import Record, RecordError, from_json, megabytes, to_json
 
 SECRET_KEYS = ("token", "password", "secret")
 
@@ -59,8 +59,8 @@ def git_dirty() -> bool | None:
 
 
 def provenance(records: list[Record]) -> str:
-    """One sentence: the commit and command that measured these records, when and on what; '' for
-    records that carry no environment."""
+    """The commit and command that measured these records, when and on what, and the workload they
+    trained; '' for records that carry no environment."""
     env = next((r.env for r in records if r.env), None)
     if not env:
         return ""
@@ -71,8 +71,21 @@ def provenance(records: list[Record]) -> str:
     when = str(env.time or "")[:10]
     return (
         f"Measured at {code}{command} on {env.host}, {when} ({env.usable_cores} usable cores; "
-        f"torch {env.version('torch')}, ray {env.version('ray')})."
+        f"torch {env.version('torch')}, ray {env.version('ray')}).{trained(records)}"
     )
+
+
+def trained(records: list[Record]) -> str:
+    """ " Workload: NAME (N parameters, M MB a step)." where the records name it (those from before
+    the workload seam trained the MNIST CNN and say nothing); one with its own optimizer names it
+    (the run's `optimizer` and `lr` do not apply), an inexact one says why."""
+    facts = next((r.workload for r in records if getattr(r, "workload", None)), None)
+    if facts is None:
+        return ""
+    inexact = f"; not exact: {facts.inexact}" if facts.inexact else ""
+    size = f"{facts.parameters:,} parameters, {megabytes(facts.model_bytes)} a step"
+    own = f", its own {facts.optimizer}" if facts.optimizer else ""
+    return f" Workload: {facts.name} ({size}{own}{inexact})."
 
 
 def environment() -> dict:

@@ -190,9 +190,9 @@ SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (speed_s
 
 # What the columns do not say themselves: the floor rows, the accuracy checks, the verdict's pairing.
 NOTES = """\
-On the gloo-floor row: one raw all-reduce of the model's 4.8 MB flat buffer between the reference
-worker's node and the next worker's (the workers' own path), measured in the same run; on the
-ps-floor row one round trip of that buffer over a direct TCP channel between the same two
+On the gloo-floor row: one raw all-reduce of the model's flat buffer (4 bytes a parameter) between
+the reference worker's node and the next worker's (the workers' own path), measured in the same
+run; on the ps-floor row one round trip of that buffer over a direct TCP channel between the same two
 processes, up and back down (a parameter server's gradient up, then weights down).
 Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is within
 fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each

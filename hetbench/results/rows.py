@@ -10,7 +10,7 @@ import torch
 
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
-from hetbench.gradients import WIRE_DTYPES, count_parameters
+from hetbench.gradients import WIRE_DTYPES
 from hetbench.results.record import AloneTimings, Env, RowRecord, Settings, Step, Worker
 from hetbench.results.records import redacted
 from hetbench.standalone import speeds
@@ -18,13 +18,15 @@ from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.registry import BASELINE
 from hetbench.training import CurvePoint, Repeat
-from hetbench.workload import Net
+from hetbench.workload import WorkloadFacts
 
 
-def base_row(name: str, config: dict, fields: dict, env: dict) -> RowRecord:
+def base_row(name: str, config: dict, fields: dict, env: dict, workload: WorkloadFacts) -> RowRecord:
     """What every row's record starts with, whatever became of it: the row's config as records keep it
-    (Config.as_dict), and `fields`, what tells the row apart (Scenario.fields: balance, split)."""
-    return RowRecord(strategy=name, config=Settings.from_json(redacted(config)), env=Env.from_json(env), **fields)
+    (Config.as_dict), the workload it trains, and `fields`, what tells the row apart (Scenario.fields:
+    balance, split)."""
+    settings = Settings.from_json(redacted(config))
+    return RowRecord(strategy=name, config=settings, env=Env.from_json(env), workload=workload, **fields)
 
 
 def failed_row(base: RowRecord, reason: str) -> RowRecord:
@@ -46,7 +48,7 @@ def strategy_row(
     `extras`, its own figures and the row's notes; `events`, what happened in them."""
     target = base.config.target_accuracy
     timed = [t for r in repeats for t in r.timed]
-    measured = worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype)
+    measured = worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype, base.workload.parameters)
     evaluated = [r for r in repeats if r.final_accuracy is not None]
     reached = [r.time_to_target_s for r in evaluated if r.time_to_target_s is not None]
     steps = [steps_to_target(r.curve, target) for r in evaluated]
@@ -88,11 +90,11 @@ def strategy_row(
 
 
 def worker_figures(
-    workers: list[dict], timed: list[StepTiming], transfers: float | None, wire_dtype: str
+    workers: list[dict], timed: list[StepTiming], transfers: float | None, wire_dtype: str, parameters: int
 ) -> tuple[Worker, ...]:
     """Each worker as reported, with its compute, what it delivers in the run and could alone, and
-    its bytes on the wire."""
-    model_bytes = count_parameters(Net()) * WIRE_DTYPES[wire_dtype].itemsize
+    its bytes on the wire (`parameters`: the workload model's)."""
+    model_bytes = parameters * WIRE_DTYPES[wire_dtype].itemsize
     out = []
     for w in map(Worker.from_json, workers):
         by_value = transfers and w.transport != "shared memory"

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from hetbench.clock import median, median_interval
 from hetbench.results.plots import label
-from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor, megabytes
 from hetbench.strategies.registry import BASELINE
 
 ACCURACY_KEPT = 0.005  # run.accuracy_tolerance's default, for records from before the setting
@@ -119,6 +119,10 @@ def verdict(records: list[Record]) -> list[str]:
             continue
         why = _also(c, chosen, by_time, floor) if any(c is p for p in paying) else _why_not(c, floor, alone)
         lines.append(f"  {label(c.record)}: {why}{_drifted(c.record)}")
+    if base.workload and not base.workload.exact:
+        lines.append(
+            f"  Not exact ({base.workload.name}): {base.workload.inexact}; times to target are not paired by seed."
+        )
     return lines
 
 
@@ -191,10 +195,14 @@ def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | 
     batch = best.config.batch_size or base.split[0]
     pays_at = allreduce / gain
     needed = batch * gain
+    size = megabytes(floor.bytes) if floor.bytes else "model"
+    compute = ", ".join(
+        f"{w.name} ({w.device or '?'}) {1000 / s:.2f} ms" for w, s in zip(best.workers, speeds, strict=True)
+    )
     return (
-        f"with one all-reduce a step (the {allreduce * 1000:.0f} ms floor of this link), a global batch "
-        f"above {pays_at:,.0f} (now {batch}), or at this batch a link whose all-reduce of the model takes "
-        f"under {needed * 1000:.0f} ms"
+        f"{best.workload_name} moves {size} a step and computes a sample in {compute} alone: with one all-reduce "
+        f"a step (the {allreduce * 1000:.0f} ms floor of this link), a global batch above {pays_at:,.0f} "
+        f"(now {batch}), or at this batch a link whose all-reduce of its {size} takes under {needed * 1000:.0f} ms"
     )
 
 
@@ -320,12 +328,14 @@ def seeded_pairs(record: RowRecord, base: RowRecord) -> list[tuple[float, float,
     batch order and dropout masks; a row whose arithmetic differs, compressed or stale, parts from
     the baseline's curve): (its time to target, the baseline's, the seconds since the check before
     each). None where they cannot be paired: other seeds, other repeat counts, a repeat that did
-    not reach the target, or records from before the brackets."""
+    not reach the target, records from before the brackets, or a workload whose dropout is not
+    keyed by sample (its masks differ with the batch's split)."""
     times = [record.repeat_time_to_target_s, base.repeat_time_to_target_s]
     brackets = [record.repeat_target_bracket_s, base.repeat_target_bracket_s]
     seeds = [r.config.seed for r in (record, base)]
     columns = [*times, *brackets]
-    if seeds[0] != seeds[1] or len(times[0]) < 2 or len({len(c) for c in columns}) != 1:
+    inexact = any(r.workload and not r.workload.exact for r in (record, base))  # its trajectories part
+    if inexact or seeds[0] != seeds[1] or len(times[0]) < 2 or len({len(c) for c in columns}) != 1:
         return None
     pairs = list(zip(*columns))
     return None if any(None in pair for pair in pairs) else pairs

@@ -9,7 +9,7 @@ from tabulate import tabulate
 from hetbench.config import LINK_PROFILES
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
-from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor, megabytes
 from hetbench.results.verdict import distributed, measured
 from hetbench.strategies.registry import BASELINE
 
@@ -97,7 +97,7 @@ def whatif(records: list[Record]) -> str:
         "What if (predictions from this run's measurements, not measured): the batch split as each row "
         "split it, at the workers' speeds alone, each strategy's transfers of the model at the floor's "
         "all-reduce time on that link "
-        f"(its fixed part plus the {floor.bytes / 1e6:.1f} MB at the link's rate), and its own overhead "
+        f"(its fixed part plus the {megabytes(floor.bytes)} at the link's rate), and its own overhead "
         "beyond the floor as measured here. The single row stays as measured (per-sample cost taken as "
         f"constant). {model_error(rows, floor)}\n\n" + table
     )

@@ -1,0 +1,124 @@
+"""A user's workload through the seam: found by module:function, refused in one sentence where
+hetbench cannot train it alike, marked inexact where its dropout is the process's own, and
+fingerprinted so the driver refuses a machine running another copy."""
+
+import pytest
+import torch
+from torch import nn
+
+from helpers import assert_one_line_error
+from hetbench.config import RunConfig
+from hetbench.errors import UserError
+from hetbench.workload import KeyedDropout, LoadedWorkload, check_same_workload, keyed_dropout, load_workload
+from tiny_workload import build
+
+
+def test_a_users_module_function_is_loaded_with_its_own_optimizer():
+    loaded = load_workload(RunConfig(workload="tiny_workload:build"))
+    assert (loaded.name, loaded.spec, loaded.exact, loaded.parameters) == ("tiny-mlp", "tiny_workload:build", True, 676)
+    assert isinstance(loaded.build_optimizer(loaded.build_model(0).parameters(), RunConfig()), torch.optim.SGD)
+    assert loaded.facts().optimizer == "SGD" and load_workload(RunConfig()).facts().optimizer is None
+    train = loaded.train_split()
+    assert train.inputs.shape == (2_000, 16) and train.labels.dtype.name == "int64"
+    assert torch.equal(loaded.build_model(3)[0].weight, loaded.build_model(3)[0].weight)
+
+
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("no_such_module:build", "workload no_such_module:build: no module no_such_module on this machine's"),
+        ("tiny_workload:nothing", "workload tiny_workload:nothing: module tiny_workload"),
+        ("tiny_workload", "workload 'tiny_workload' is neither a built-in (mnist-cnn, shapes-resnet) nor a module"),
+        ("tiny_workload:data", "workload tiny_workload:data: data() raised TypeError"),
+        ("tiny_workload:batch_norm", "its model has batch norm (2), whose statistics depend on how"),
+        ("tiny_workload:wide_prepare", "workload tiny_workload:wide_prepare: its prepare() returns float64"),
+    ],
+)
+def test_a_bad_workload_is_one_sentence_and_exit_2(cli, spec, says):
+    assert_one_line_error(cli("run", "-c", "benchmarks/configs/quick.yaml", "--set", f"workload={spec}"), says)
+
+
+def test_plain_dropout_is_inexact_with_its_reason_and_keyed_dropout_swaps_it():
+    loaded = load_workload(RunConfig(workload="tiny_workload:plain"))
+    assert not loaded.exact and loaded.facts().inexact.startswith("its dropout (2) draws from each process's own")
+    model = keyed_dropout(nn.Sequential(nn.Linear(4, 4), nn.Sequential(nn.Dropout(0.3)), nn.Dropout2d(0.1)))
+    assert isinstance(model[1][0], KeyedDropout) and model[1][0].p == 0.3
+    assert isinstance(model[2], nn.Dropout2d)  # whole channels: left as it is
+
+
+def test_the_code_digest_covers_the_users_module_and_a_different_copy_is_refused(tmp_path):
+    import tiny_workload
+
+    source = open(tiny_workload.__file__).read()
+    copies = {}
+    for name, text in (("desk", source), ("mac", source.replace("lr=0.1", "lr=0.2"))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "tiny_workload.py").write_text(text)
+        copies[name] = LoadedWorkload("tiny_workload:build", build(), [tmp_path / name / "tiny_workload.py"])
+    assert copies["desk"].code == load_workload(RunConfig(workload="tiny_workload:build")).code
+    assert copies["desk"].code != copies["mac"].code
+    workers = [{"name": name, "workload": copy.fingerprint()} for name, copy in copies.items()]
+    with pytest.raises(UserError) as refused:
+        check_same_workload(workers)
+    assert str(refused.value) == (
+        f"the workers would train different code: desk runs workload tiny_workload:build (code {copies['desk'].code}), "
+        f"but mac runs tiny_workload:build (code {copies['mac'].code}); give every machine the same copy of the "
+        "workload's module"
+    )
+    check_same_workload(workers[:1] * 2)  # the same copy: no sentence
+
+
+def test_a_frozen_layer_is_neither_counted_nor_moved_and_the_server_shares_the_rest():
+    """The parameter server's shared memory is sized by the workload's count and filled from FlatModel:
+    both the trainable parameters only, so a model with a frozen layer fits, and its layer stays put."""
+    from hetbench.config import Job
+    from strategies.parameter_server import ParameterServer
+
+    job = Job(run=RunConfig(workload="tiny_workload:frozen"))
+    loaded = load_workload(job.run)
+    assert loaded.parameters == 676 - (16 * 32 + 32)  # the tiny MLP less its frozen first layer
+    server = ParameterServer()
+    if server.share_with(job, slots=1) is None:
+        pytest.skip("no shared memory on this machine")
+    try:
+        server.reset(job, seed=3)
+        assert server.flat.params.numel() == loaded.parameters == server.shared.numel
+        frozen = server.flat.model[0].weight
+        assert torch.equal(frozen, loaded.build_model(3)[0].weight) and frozen.grad is None
+    finally:
+        server.shared_by_all()
+
+
+@pytest.mark.slow
+def test_hetbench_run_trains_a_users_module_through_every_strategy_on_two_nodes(tmp_path):
+    """The README's command from the user's own folder: `mypkg.mymodel:build` found there by the driver,
+    and by the processes of both local nodes (the mac's too), through every registered strategy."""
+    import json
+
+    import tiny_workload
+    from helpers import REPO, hetbench, sets
+    from hetbench.strategies import registry
+
+    project = tmp_path / "project"
+    (project / "mypkg").mkdir(parents=True)
+    (project / "mypkg" / "__init__.py").write_text("")
+    (project / "mypkg" / "mymodel.py").write_text(open(tiny_workload.__file__).read())
+    settings = ["workload=mypkg.mymodel:build", f"strategies=[{', '.join(registry.STRATEGIES)}]"]
+    settings += ["workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 2}]"]
+    settings += ["cluster.mode=local-multinode", "batch_size=64", "steps=4", "warmup_steps=1", "repeats=1"]
+    settings += ["eval_every=2", "standalone_steps=2", "floor.iterations=5", "target_accuracy=0.3"]
+    config = str(REPO / "benchmarks" / "configs" / "quick.yaml")
+    result = hetbench("run", "-c", config, *sets(*settings), "--results-dir", "out", cwd=project, timeout=420)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (raw,) = (project / "out" / "raw").glob("*.json")
+    records = json.loads(raw.read_text())
+    rows = [r for r in records if r["strategy"] in registry.STRATEGIES]
+    assert sorted(r["strategy"] for r in rows) == sorted(registry.STRATEGIES)
+    assert all(r["status"] == "ok" for r in records), [(r["strategy"], r.get("reason")) for r in records]
+    assert {(r["workload"]["spec"], r["workload"]["name"], r["workload"]["exact"]) for r in rows} == {
+        ("mypkg.mymodel:build", "tiny-mlp", True)
+    }
+    floor = next(r for r in records if r["strategy"] == "gloo-floor")
+    assert floor["bytes"] == 676 * 4  # the user's model is what the floor moves
+    table = (project / "out" / "quick.md").read_text()
+    assert "Workload: tiny-mlp (676 parameters, 0.0027 MB a step, its own SGD)." in table

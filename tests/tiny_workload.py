@@ -1,0 +1,50 @@
+"""A user's workload, as docs/workloads.md shows one: `--set workload=tiny_workload:build`.
+
+Four classes of 16 random features (seeded: every process makes the same set), a two-layer MLP with
+keyed dropout, its own optimizer. The fast tier's equivalence test trains it through every
+synchronous strategy; `plain` is the same net with torch's own dropout, which hetbench marks inexact.
+"""
+
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from hetbench.workload import KeyedDropout, Workload
+
+
+def data(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs = torch.randn(n, 16, generator=torch.Generator().manual_seed(seed))
+    labels = (inputs[:, :4].sum(1) > 0).long() + 2 * (inputs[:, 4:8].sum(1) > 0).long()
+    return inputs, labels
+
+
+def build(dropout: nn.Module | None = None) -> Workload:
+    return Workload(
+        model=lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), dropout or KeyedDropout(0.25), nn.Linear(32, 4)),
+        train=lambda: data(2_000, 0),
+        test=lambda: data(600, 1),
+        optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
+        name="tiny-mlp",
+    )
+
+
+def plain() -> Workload:
+    return build(nn.Dropout(0.25))
+
+
+def batch_norm() -> Workload:
+    return build(nn.BatchNorm1d(32))
+
+
+def wide_prepare() -> Workload:  # its stored batch made float64, which MPS lacks
+    return replace(build(), prepare=lambda batch: batch.double())
+
+
+def frozen() -> Workload:  # its first layer fixed, as a fine-tuned model's backbone is
+    def model() -> nn.Module:
+        net = build().model()
+        net[0].requires_grad_(False)
+        return net
+
+    return replace(build(), model=model)
