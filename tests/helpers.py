@@ -25,6 +25,19 @@ from hetbench.strategies import registry
 
 REPO = Path(__file__).resolve().parents[1]
 # The real MNIST test set: where HETBENCH_DATA_DIR points, else beside the checkout (CI's layout).
+REFERENCE = REPO / "results" / "reference"  # the shipped results; a run writes to results/ beside it
+
+
+def committed(folder: Path, pattern: str) -> list[Path]:
+    """The files git tracks in `folder` that match `pattern`: what was shipped, not what a run left."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--", str(folder.relative_to(REPO))], cwd=REPO, capture_output=True, timeout=60
+    )
+    assert listed.returncode == 0, f"tests read the shipped results through git: {listed.stderr.decode()}"
+    paths = [REPO / p for p in listed.stdout.decode().split("\0") if p]
+    return sorted(p for p in paths if p.parent == folder and p.match(pattern))
+
+
 SHARED_MNIST = Path(os.environ.get("HETBENCH_DATA_DIR") or REPO.parent / "shared" / "data" / "mnist")
 # A process can be held to some of this machine's cores: CPU affinity, taskset, and more than one core.
 CAN_PIN = bool(shutil.which("taskset") and hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) > 1)

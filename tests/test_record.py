@@ -4,12 +4,12 @@ import json
 
 import pytest
 
-from helpers import REPO
+from helpers import REFERENCE, committed
 from hetbench.results.record import SCHEMA_VERSION, FloorRecord, RowRecord, from_json, to_json
 from hetbench.results.records import read_records
 from hetbench.results.report import write_tables
 
-RAW = sorted((REPO / "results" / "raw").glob("*.json"))
+RAW = committed(REFERENCE / "raw", "*.json")  # the shipped records, whatever runs left beside them
 
 
 @pytest.mark.parametrize("path", RAW, ids=[p.stem for p in RAW])
@@ -23,11 +23,11 @@ def test_a_committed_record_reads_as_types_and_writes_back_what_it_read(path):
 
 @pytest.mark.parametrize("path", RAW, ids=[p.stem for p in RAW])
 def test_a_committed_record_renders_its_committed_table(path, tmp_path):
-    """results/ is current: its tables are what `hetbench report` renders of its records today."""
+    """results/reference/ is current: its tables are what `hetbench report` renders of its records today."""
     name = next(r.config.name for r in read_records([str(path)]))
     md, csv = write_tables(read_records([str(path)]), str(tmp_path), name)
-    assert md.read_text() == (REPO / "results" / f"{name}.md").read_text()
-    assert csv.read_text() == (REPO / "results" / f"{name}.csv").read_text()
+    assert md.read_text() == (REFERENCE / f"{name}.md").read_text()
+    assert csv.read_text() == (REFERENCE / f"{name}.csv").read_text()
 
 
 def test_an_untyped_record_of_schema_1_upgrades_its_old_names():
@@ -45,13 +45,14 @@ def test_an_untyped_record_of_schema_1_upgrades_its_old_names():
     assert written["standalone_timings"] == old["standalone_timings"] and written["staleness"] == {"max": 1}
 
 
-def test_the_committed_link_report_is_what_its_records_render(tmp_path):
+@pytest.mark.parametrize("name", ["hetero-links", "shapes-links"])
+def test_the_committed_link_report_is_what_its_records_render(tmp_path, name):
     import shutil
 
     from hetbench.results.links import by_link, write_links
 
-    for table in (REPO / "results").glob("hetero-links-*.md"):  # the report links each run's own table
+    for table in committed(REFERENCE, f"{name}-*.md"):  # the report links each run's own table
         shutil.copy(table, tmp_path)
-    files = sorted((REPO / "results" / "raw").glob("*-hetero-links-*.json"))
-    written = write_links(by_link([read_records([str(f)]) for f in files]), str(tmp_path), "hetero-links")
-    assert written.read_text() == (REPO / "results" / "hetero-links.md").read_text()
+    files = committed(REFERENCE / "raw", f"*-{name}-*.json")
+    written = write_links(by_link([read_records([str(f)]) for f in files]), str(tmp_path), name)
+    assert written.read_text() == (REFERENCE / f"{name}.md").read_text()
