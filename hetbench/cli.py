@@ -80,7 +80,14 @@ def cmd_worker(args) -> int:
     from hetbench.cluster.worker import run_worker
 
     return run_worker(
-        args.head, args.label, args.name or args.label, args.ray_port, args.dask_port, args.timeout, args.device
+        args.head,
+        args.label,
+        args.name or args.label,
+        args.ray_port,
+        args.dask_port,
+        args.timeout,
+        args.device,
+        args.workload_path,
     )
 
 
@@ -176,6 +183,13 @@ def parser() -> argparse.ArgumentParser:
         default=os.environ.get("MAC_DEVICE") or "mps",
         help="what this machine trains on, checked with a forward and backward pass before it joins "
         "(MAC_DEVICE; cpu: join without MPS)",
+    )
+    worker.add_argument(
+        "--workload-path",
+        default=None,
+        metavar="DIR",
+        help="the folder your workload's module is imported from (as on the desktop: `mypkg.mymodel:build` "
+        "is DIR/mypkg/mymodel.py); the checkout is on the path already",
     )
     worker.set_defaults(func=cmd_worker)
 

@@ -206,7 +206,9 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     registry.check_names(cfg.run.strategies)
     env = environment()
     # a workload that cannot be loaded, or its bad data, is refused before any file is reserved
-    evaluate = Evaluator(load_workload(cfg.run), cfg.run)
+    workload = load_workload(cfg.run)
+    workload.preflight()
+    evaluate = Evaluator(workload, cfg.run)
     out = RunOutput(cfg.run, resumed)
     failed: list[str] = []  # the reasons of the rows that failed; the run went on past each
     try:

@@ -5,13 +5,14 @@ data, loss and optimizer, and the keyed dropout that keeps a synchronous step on
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import importlib
 import inspect
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -34,13 +35,15 @@ Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample;
 class Workload:
     """What a workload function returns: the model hetbench trains, its data, loss and optimizer."""
 
-    model: Callable[[], nn.Module]
-    """Makes a fresh model, run under a fixed seed (every process starts from the same weights). Its
-    forward takes one batch of prepared inputs and returns class scores [N, classes]."""
-    train: Data | Callable[[], Data]
-    """The training set (inputs, labels), or a function without arguments making it, called once per
-    process: every machine makes its own, and the driver refuses machines whose copies differ."""
-    test: Data | Callable[[], Data]
+    model: Callable[[], nn.Module] | nn.Module
+    """Makes a fresh model, run under the repeat's seed (every process starts from the same weights), or
+    a model itself (every repeat starts from a copy of its weights). Its forward takes one batch of
+    prepared inputs and returns class scores [N, classes]."""
+    train: Data | torch.utils.data.Dataset | Callable[[], Data | torch.utils.data.Dataset]
+    """The training set: (inputs, labels), a Dataset of (input, label) pairs, or a function without
+    arguments making either, called once per process: every machine makes its own, and the driver
+    refuses machines whose copies differ."""
+    test: Data | torch.utils.data.Dataset | Callable[[], Data | torch.utils.data.Dataset]
     """The test set, as `train`: accuracy is argmax(scores) == label on it."""
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
     """(scores, labels) -> the batch's mean loss: the workers' gradients are averaged by their batch
@@ -163,6 +166,8 @@ class WorkloadFacts:
     exact: bool  # whether a synchronous step is exactly one single-device step on the union batch
     inexact: str | None = None  # why not, where it is not
     optimizer: str | None = None  # its own optimizer's class; None: the run's `optimizer` and `lr` settings
+    input_shape: list[int] | None = None  # one sample as the model takes it (after `prepare`)
+    keyed_layers: int = 0  # its KeyedDropout layers (keyed_dropout's swaps among them)
 
     @property
     def model_bytes(self) -> int:
@@ -181,10 +186,9 @@ class LoadedWorkload:
         model = self.build_model(0)  # refuses what hetbench cannot train alike before any cluster starts
         self.parameters = count_parameters(model)  # as many as the flat buffer every strategy moves
         self.inexact = _why_inexact(model)
-        digest = hashlib.sha256()
-        for path in sorted(set(sources)):
-            digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-        self.code = digest.hexdigest()[:12]
+        self.keyed_layers = sum(isinstance(m, KeyedDropout) for m in model.modules())
+        self.files = {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:12] for path in sorted(set(sources))}
+        self.code = hashlib.sha256(repr(sorted(self.files.items())).encode()).hexdigest()[:12]
         own = workload.optimizer  # its class, for the records: learned once, on a throwaway parameter
         self.optimizer_name = type(own([nn.Parameter(torch.zeros(1))])).__name__ if own else None
 
@@ -194,11 +198,13 @@ class LoadedWorkload:
 
     def facts(self) -> WorkloadFacts:
         name, spec = self.name, self.spec
-        return WorkloadFacts(name, spec, self.parameters, self.code, self.exact, self.inexact, self.optimizer_name)
+        shape = list(self.prepare(self.test_split().tensors("cpu")[0][:1]).shape[1:])
+        optimizer, keyed = self.optimizer_name, self.keyed_layers
+        return WorkloadFacts(name, spec, self.parameters, self.code, self.exact, self.inexact, optimizer, shape, keyed)
 
     def fingerprint(self) -> dict:
         """What a worker reports of the workload it trains (check_same_workload compares them)."""
-        return {"spec": self.spec, "code": self.code}
+        return {"spec": self.spec, "code": self.code, "files": self.files}
 
     def build_model(self, seed: int) -> nn.Module:
         """Same seed, same initial weights on every process: workers start from the server's model."""
@@ -222,6 +228,66 @@ class LoadedWorkload:
             if dropout.layer is None:
                 dropout.layer = layer
         return model
+
+    def preflight(self) -> None:
+        """A few training samples through the model on this CPU, once before any row: refuses in one
+        sentence what would make every row wrong rather than fail (the driver calls it)."""
+        train, test = self.train_split(), self.test_split()
+        if train.inputs.shape[1:] != test.inputs.shape[1:]:
+            raise UserError(
+                f"workload {self.spec}: its training inputs are {list(train.inputs.shape[1:])} a sample but its "
+                f"test inputs {list(test.inputs.shape[1:])}"
+            )
+        n = min(len(train.labels), 8)
+        if n < 2:
+            raise UserError(f"workload {self.spec}: its training set has {n} samples; a step splits at least 2")
+        stored, labels = train.tensors("cpu")
+        inputs, labels = self.prepare(stored[:n]), labels[:n]
+        model = self.build_model(0).train()
+        buffers = {name: b.clone() for name, b in model.named_buffers() if b.is_floating_point()}
+        try:
+            with keyed(model, dropout_keys(0, 0, torch.arange(n))):
+                scores = model(inputs)
+            classes = scores.shape[1] if scores.dim() == 2 else None
+            if classes is None or int(labels.max()) >= classes:
+                raise UserError(
+                    f"workload {self.spec}: its model returns {list(scores.shape)} for a batch of {n}, not class "
+                    f"scores [{n}, classes] for labels up to {int(labels.max())}"
+                )
+            loss = self.loss(scores, labels)
+            if loss.dim() != 0:
+                raise UserError(
+                    f"workload {self.spec}: its loss returns {list(loss.shape)}, not one number for the batch "
+                    "(its mean: reduction='mean')"
+                )
+            loss.backward()
+            changed = [
+                name for name, b in model.named_buffers() if name in buffers and not torch.equal(b, buffers[name])
+            ]
+            if changed:
+                raise UserError(
+                    f"workload {self.spec}: its model's buffers ({', '.join(changed)}) change in a training step, and "
+                    "hetbench moves and checkpoints parameters only: each machine's copy would drift apart"
+                )
+            model.eval()  # the mean, checked where dropout plays no part: the whole batch against a 1:2 split
+            with torch.no_grad():
+                cut = n // 3
+                parts = [self.loss(model(x), y) for x, y in ((inputs, labels), (inputs[:cut], labels[:cut]))]
+                parts.append(self.loss(model(inputs[cut:]), labels[cut:]))
+        except UserError:
+            raise
+        except Exception as e:  # the model or the loss cannot run on its own data
+            raise UserError(
+                f"workload {self.spec}: a training step on {n} samples failed: {type(e).__name__}: {e}"
+            ) from e
+        whole, first, rest = (float(p) for p in parts)
+        weighted = (cut * first + (n - cut) * rest) / n
+        if abs(whole - weighted) > 1e-4 * max(1.0, abs(whole)):
+            raise UserError(
+                f"workload {self.spec}: its loss is not a mean over the batch ({whole:.4g} for {n} samples, but "
+                f"{first:.4g} and {rest:.4g} for {cut} and {n - cut} of them), and the machines' gradients are "
+                "weighted by their share of the batch: use reduction='mean'"
+            )
 
     def build_optimizer(self, params, run: RunConfig) -> torch.optim.Optimizer:
         params = list(params)
@@ -266,8 +332,13 @@ def as_split(data: Data, source: str, spec: str) -> Split:
     """A workload's (inputs, labels) as the Split every worker stores (arrays on the CPU)."""
     if isinstance(data, Split):
         return data
+    if isinstance(data, torch.utils.data.Dataset):
+        data = _gathered(data, spec)
     if not (isinstance(data, tuple | list) and len(data) == 2):
-        raise UserError(f"workload {spec}: its data must be (inputs, labels), got a {type(data).__name__}")
+        raise UserError(
+            f"workload {spec}: its data must be (inputs, labels) or a torch Dataset of (input, label), "
+            f"got a {type(data).__name__}"
+        )
     inputs, labels = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in data)
     if inputs.dtype == np.float64:
         raise UserError(f"workload {spec}: its inputs are float64, which MPS does not have: make them float32")
@@ -276,6 +347,18 @@ def as_split(data: Data, source: str, spec: str) -> Split:
             f"workload {spec}: its data needs one integer label per input ({len(inputs)} inputs, labels {labels.shape})"
         )
     return Split(np.ascontiguousarray(inputs), labels.astype(np.int64), source)
+
+
+def _gathered(dataset: torch.utils.data.Dataset, spec: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A map-style Dataset of (input, label) pairs read once into two tensors: every worker keeps its
+    whole split on its device and draws its slice of each batch from it (no loader per step)."""
+    try:
+        batches = list(torch.utils.data.DataLoader(dataset, batch_size=1024, shuffle=False))
+    except (TypeError, NotImplementedError) as e:  # no __len__/__getitem__, or items collate cannot stack
+        raise UserError(f"workload {spec}: its Dataset cannot be read as (input, label) pairs: {e}") from e
+    if not batches or not all(isinstance(b, list | tuple) and len(b) == 2 for b in batches):
+        raise UserError(f"workload {spec}: its Dataset must hold (input, label) pairs")
+    return torch.cat([b[0] for b in batches]), torch.cat([torch.as_tensor(b[1]) for b in batches])
 
 
 def _why_inexact(model: nn.Module) -> str | None:
@@ -297,7 +380,8 @@ _loaded: dict[tuple, LoadedWorkload] = {}
 def load_workload(run: RunConfig, announce: bool = True) -> LoadedWorkload:
     """The run's workload, once per process for the same settings. A built-in's data follows the run's
     data settings; workers pass announce=False (the driver has said where the data came from)."""
-    key = (run.workload, run.dropout, run.dataset, run.data_dir, os.environ.get("HETBENCH_DATA_DIR"), run.download)
+    data = (run.dataset, run.data_dir, os.environ.get("HETBENCH_DATA_DIR"), run.download)
+    key = (run.workload, run.seed, run.dropout, *data)
     if key not in _loaded:
         _loaded[key] = _load(run, announce)
     return _loaded[key]
@@ -320,19 +404,70 @@ def _load(run: RunConfig, announce: bool) -> LoadedWorkload:
     function = getattr(module, function_name, None)
     if not callable(function):
         raise UserError(f"workload {spec}: module {module_name} ({module.__file__}) has no function {function_name}")
+    made = _called(function, spec, run.seed)
+    loaded = LoadedWorkload(spec, as_workload(made, spec), _sources(module, made))
+    _export_path(module)
+    return loaded
+
+
+def _called(function, spec: str, seed: int):
+    """`function()`, or `function(seed)` where it takes a `seed` or one required argument, under the
+    run's seed: a model made inside it has the same weights in every process."""
+    name = function.__name__
     try:
-        workload = function()
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        parameters = {}
+    required = [
+        p
+        for p in parameters.values()
+        if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if "seed" in parameters:
+        args, kwargs = (), {"seed": seed}
+    elif len(required) == 1:
+        args, kwargs = (seed,), {}
+    elif required:
+        raise UserError(f"workload {spec}: {name}() takes {len(required)} arguments; hetbench passes none, or the seed")
+    else:
+        args, kwargs = (), {}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            return function(*args, **kwargs)
     except UserError:
         raise
     except Exception as e:
-        raise UserError(f"workload {spec}: {function_name}() raised {type(e).__name__}: {e}") from e
-    if not isinstance(workload, Workload):
+        raise UserError(f"workload {spec}: {name}() raised {type(e).__name__}: {e}") from e
+
+
+FIELDS = ("model", "train", "test", "loss", "optimizer", "prepare", "name")  # Workload's, as a dict's keys
+
+
+def as_workload(made, spec: str) -> Workload:
+    """A workload function's return value as a Workload: a Workload, or a dict of its fields. `model`
+    may be a module itself (every repeat starts from a copy of its weights) or a function making one."""
+    if isinstance(made, dict):
+        unknown = sorted(set(made) - set(FIELDS))
+        if unknown:
+            raise UserError(
+                f"workload {spec}: unknown keys {unknown} in what it returned; it takes {', '.join(FIELDS)}"
+            )
+        missing = [key for key in ("model", "train", "test") if made.get(key) is None]
+        if missing:
+            raise UserError(
+                f"workload {spec}: what it returned has no {' or '.join(missing)}: it needs a model, train and test"
+            )
+        made = Workload(**made)
+    if not isinstance(made, Workload):
         raise UserError(
-            f"workload {spec}: {function_name}() returned a {type(workload).__name__}, not a hetbench Workload"
+            f"workload {spec}: it returned a {type(made).__name__}, not a hetbench Workload or a dict with a model, "
+            "train and test data"
         )
-    loaded = LoadedWorkload(spec, workload, _sources(module, workload))
-    _export_path(module)
-    return loaded
+    if isinstance(made.model, nn.Module):
+        module = made.model
+        return replace(made, model=lambda: copy.deepcopy(module))
+    return made
 
 
 def _import(spec: str, module_name: str):
@@ -351,12 +486,14 @@ def _import(spec: str, module_name: str):
         raise UserError(f"workload {spec}: importing {module_name} failed: {type(e).__name__}: {e}") from e
 
 
-def _sources(module, workload: Workload) -> list[Path]:
+def _sources(module, made) -> list[Path]:
     """The files whose code the workload runs: the function's module and its model class's, where
     they are the user's (torch's and hetbench's own are covered by the package's code hash)."""
     files = [Path(inspect.getfile(module))]
+    model = made.get("model") if isinstance(made, dict) else getattr(made, "model", None)
+    model = type(model) if isinstance(model, nn.Module) else model
     with contextlib.suppress(TypeError):
-        model_module = sys.modules.get(getattr(workload.model, "__module__", "") or "")
+        model_module = sys.modules.get(getattr(model, "__module__", "") or "")
         if model_module is not None and not model_module.__name__.startswith(("torch", "hetbench")):
             files.append(Path(inspect.getfile(model_module)))
     return files
@@ -381,9 +518,13 @@ def check_same_workload(workers: list[dict]) -> None:
     other = next((w for w in reported if w["workload"] != reported[0]["workload"]), None)
     if other is not None:
         first, second = reported[0], other
+        mine, theirs = first["workload"].get("files", {}), second["workload"].get("files", {})
+        differ = sorted(name for name in {**mine, **theirs} if mine.get(name) != theirs.get(name))
+        files = f": {', '.join(differ)} differs" if differ else ""
         raise UserError(
-            f"the workers would train different code: {first['name']} runs workload {first['workload']['spec']} "
-            f"(code {first['workload']['code']}), but {second['name']} runs {second['workload']['spec']} "
-            f"(code {second['workload']['code']}); give every machine the same copy of the workload's module"
+            f"the workers would train different code{files}: {first['name']} runs workload "
+            f"{first['workload']['spec']} (code {first['workload']['code']}), but {second['name']} runs "
+            f"{second['workload']['spec']} (code {second['workload']['code']}); give every machine the same copy "
+            "of the workload's module"
         )
     check_same_data(workers)

@@ -62,6 +62,18 @@ def test_the_macs_nodes_listen_toward_the_head_on_fixed_ports_and_dask_never_see
     assert envs["ray"]["GLOO_SOCKET_IFNAME"] == "lo"  # the interface toward the head, not the host name's
 
 
+def test_the_workload_path_comes_first_on_both_processes_path_and_a_missing_one_is_one_sentence(monkeypatch, tmp_path):
+    from hetbench.cluster.worker import on_workload_path
+
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    (tmp_path / "mypkg").mkdir()
+    on_workload_path(str(tmp_path))
+    envs = node_environments("127.0.0.1")
+    assert envs["ray"]["PYTHONPATH"] == envs["dask"]["PYTHONPATH"] == f"{tmp_path}{os.pathsep}/elsewhere"
+    with pytest.raises(UserError, match="^--workload-path /no/such: no such folder on this machine$"):
+        on_workload_path("/no/such")
+
+
 def test_a_gloo_rank_joins_on_its_interface_toward_rank_zero_unless_its_starter_chose_one(monkeypatch):
     # not the host name's address: 127.0.1.1 in a Debian desk's containers, which the Mac would dial
     from hetbench.cluster import collective

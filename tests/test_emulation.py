@@ -51,7 +51,8 @@ def test_an_emulated_wait_counts_as_long_as_it_took(monkeypatch):
     started = time.perf_counter()
     seconds = worked(3.0, lambda: spin(0.1))
     assert seconds == pytest.approx(0.35, abs=0.03)  # its work, the 0.2 s asked for and the 0.05 overrun
-    assert time.perf_counter() - started == pytest.approx(seconds, abs=0.01)
+    waited = time.perf_counter() - started
+    assert seconds - 0.01 <= waited <= seconds + 0.15  # as test_an_emulated_worker_waits...: never shorter
 
 
 def test_a_worker_not_slowed_takes_its_own_time():

@@ -11,6 +11,7 @@ from hetbench.config import RunConfig
 from hetbench.errors import UserError
 from hetbench.workload import KeyedDropout, LoadedWorkload, check_same_workload, keyed_dropout, load_workload
 from tiny_workload import build
+from tiny_workload import data as tiny_data
 
 
 def test_a_users_module_function_is_loaded_with_its_own_optimizer():
@@ -23,6 +24,27 @@ def test_a_users_module_function_is_loaded_with_its_own_optimizer():
     assert torch.equal(loaded.build_model(3)[0].weight, loaded.build_model(3)[0].weight)
 
 
+def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_process():
+    """The plainest form a user writes: build(seed) -> {"model": a module, "train": a Dataset, "test":
+    a tensor pair}; every process calls it under the run's seed, so the module's weights agree."""
+    loaded = load_workload(RunConfig(workload="tiny_workload:as_dict", seed=5))
+    loaded.preflight()
+    train = loaded.train_split()
+    assert train.inputs.shape == (2_000, 16) and train.labels.dtype.name == "int64"
+    assert torch.equal(torch.from_numpy(train.inputs), tiny_data(2_000, 0)[0])
+    first, again = loaded.build_model(0), loaded.build_model(1)  # a module: every repeat starts from its weights
+    assert torch.equal(first[0].weight, again[0].weight) and first is not again
+    import tiny_workload
+
+    elsewhere = tiny_workload.as_dict(5)["model"]  # another process's call, under the same seed
+    assert not torch.equal(elsewhere[0].weight, first[0].weight)  # bare, its draws follow the caller's stream
+    from hetbench.workload import _called
+
+    made = _called(tiny_workload.as_dict, "tiny_workload:as_dict", 5)["model"]
+    assert torch.equal(made[0].weight, first[0].weight)  # hetbench's call: the same weights in every process
+    assert loaded.facts().input_shape == [16] and loaded.facts().keyed_layers == 1
+
+
 @pytest.mark.parametrize(
     "spec, says",
     [
@@ -32,6 +54,10 @@ def test_a_users_module_function_is_loaded_with_its_own_optimizer():
         ("tiny_workload:data", "workload tiny_workload:data: data() raised TypeError"),
         ("tiny_workload:batch_norm", "its model has batch norm (2), whose statistics depend on how"),
         ("tiny_workload:wide_prepare", "workload tiny_workload:wide_prepare: its prepare() returns float64"),
+        ("tiny_workload:summed_loss", "workload tiny_workload:summed_loss: its loss is not a mean over the batch"),
+        ("tiny_workload:counting", "its model's buffers (2.seen) change in a training step, and hetbench"),
+        ("tiny_workload:no_test", "workload tiny_workload:no_test: what it returned has no test: it needs"),
+        ("tiny_workload:Counting", "workload tiny_workload:Counting: it returned a Counting, not a hetbench"),
     ],
 )
 def test_a_bad_workload_is_one_sentence_and_exit_2(cli, spec, says):
@@ -61,7 +87,8 @@ def test_the_code_digest_covers_the_users_module_and_a_different_copy_is_refused
     with pytest.raises(UserError) as refused:
         check_same_workload(workers)
     assert str(refused.value) == (
-        f"the workers would train different code: desk runs workload tiny_workload:build (code {copies['desk'].code}), "
+        "the workers would train different code: tiny_workload.py differs: desk runs workload tiny_workload:build "
+        f"(code {copies['desk'].code}), "
         f"but mac runs tiny_workload:build (code {copies['mac'].code}); give every machine the same copy of the "
         "workload's module"
     )
@@ -121,4 +148,4 @@ def test_hetbench_run_trains_a_users_module_through_every_strategy_on_two_nodes(
     floor = next(r for r in records if r["strategy"] == "gloo-floor")
     assert floor["bytes"] == 676 * 4  # the user's model is what the floor moves
     table = (project / "out" / "quick.md").read_text()
-    assert "Workload: tiny-mlp (676 parameters, 0.0027 MB a step, its own SGD)." in table
+    assert "Workload: tiny-mlp (676 parameters, 0.0027 MB a step, input [16], its own SGD)." in table

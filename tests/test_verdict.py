@@ -402,7 +402,7 @@ def test_a_workload_whose_dropout_is_not_keyed_is_not_paired_by_seed_and_says_so
     assert "(38 s and 40 s: within 6.5 s)" in lines[0]  # by the repeats' spread and the checks, not by pairs
     assert lines[-1] == (
         "  Not exact (tiny-mlp): its dropout (2) draws from each process's own random stream; "
-        "times to target are not paired by seed."
+        "compared by repeats, not paired by seed."
     )
 
 

@@ -8,7 +8,9 @@ synchronous strategy; `plain` is the same net with torch's own dropout, which he
 from dataclasses import replace
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import TensorDataset
 
 from hetbench.workload import KeyedDropout, Workload
 
@@ -48,3 +50,33 @@ def frozen() -> Workload:  # its first layer fixed, as a fine-tuned model's back
         return net
 
     return replace(build(), model=model)
+
+
+def as_dict(seed: int) -> dict:  # the plainest form: a module itself, a Dataset, the seed passed in
+    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), KeyedDropout(0.25), nn.Linear(32, 4))
+    return {"model": net, "train": TensorDataset(*data(2_000, 0)), "test": data(600, 1)}
+
+
+def summed_loss() -> Workload:  # a loss that adds the batch up: the weighted average of shares breaks
+    return replace(build(), loss=lambda scores, labels: F.cross_entropy(scores, labels, reduction="sum"))
+
+
+class Counting(nn.Module):
+    """A layer whose buffer a training step changes, as batch norm's running mean does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.seen += len(x)
+        return x
+
+
+def counting() -> Workload:
+    return build(Counting())
+
+
+def no_test() -> dict:
+    return {"model": build().model(), "train": data(100, 0)}

@@ -8,7 +8,8 @@
 # labelled `mac` until Ctrl-C, which stops both; the Mac does not sleep meanwhile (caffeinate).
 # Before it joins, the model trains one forward and backward pass on MPS; MAC_DEVICE=cpu joins on
 # the CPU instead (set it in the desktop's .env too). Works on Linux too (CI uses it as the "Mac",
-# with MAC_DEVICE=cpu).
+# with MAC_DEVICE=cpu). Your own workload: in this checkout's workloads/, or `--workload-path DIR`
+# for the folder it imports from (the same copy as the desktop's: the driver compares them).
 set -euo pipefail
 if [ $# -lt 1 ] || [ "${1#-}" != "$1" ]; then
   echo "usage: $0 HEAD_HOST [hetbench worker options, e.g. --label mac]" >&2

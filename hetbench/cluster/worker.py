@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from hetbench.cluster.addresses import check_reachable, interface_of, route_address
 from hetbench.cluster.admission import (
@@ -51,6 +52,16 @@ def node_commands(head: str, ray_port: int, dask_port: int, label: str, name: st
     return [(ray, "ray"), (dask, "dask")]
 
 
+def on_workload_path(folder: str) -> None:
+    """`folder` first on the Python path of the processes this node starts: they import the user's
+    workload module from it, as the desktop's do from theirs (the driver compares the two copies)."""
+    path = Path(folder).expanduser().resolve()
+    if not path.is_dir():
+        raise UserError(f"--workload-path {folder}: no such folder on this machine")
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(path), *paths])
+
+
 def node_environments(head: str, device: str = "mps") -> dict[str, dict]:
     """The Ray node's and the Dask worker's environments: gloo on the interface toward the head, the
     device this machine was checked on (its workers train there: devices.node_device); the Ray
@@ -64,10 +75,19 @@ def node_environments(head: str, device: str = "mps") -> dict[str, dict]:
 
 
 def run_worker(
-    head: str, label: str, name: str, ray_port: int, dask_port: int, timeout_s: float, device: str = "mps"
+    head: str,
+    label: str,
+    name: str,
+    ray_port: int,
+    dask_port: int,
+    timeout_s: float,
+    device: str = "mps",
+    workload_path: str | None = None,
 ) -> int:
     scheduler, ray_address = f"tcp://{head}:{dask_port}", f"{head}:{ray_port}"
     check_machine()
+    if workload_path:
+        on_workload_path(workload_path)
     for line in require(device, fix=JOIN_ON_CPU):  # as the desktop's gate does on cuda, before anything joins
         say(line)
     if warning := memory_warning(machine_memory_mb(), peak_rss_mb()):  # the check's process: one that trained

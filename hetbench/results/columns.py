@@ -85,7 +85,9 @@ def _vs_floor(row: Row):
 
 def _status(row: Row) -> str:
     r = row.record
-    return r.status + (f": {r.reason}" if r.reason else "")
+    facts = getattr(r, "workload", None)  # floors train nothing
+    inexact = facts and not facts.exact and r.status == "ok"
+    return r.status + (f": {r.reason}" if r.reason else "") + (", not exact" if inexact else "")
 
 
 def _drift(record) -> str | None:
@@ -209,5 +211,5 @@ def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | 
             legend="a worker whose speed alone, timed just before and just after the row, moved 15% or more "
             "(mac -18%: the machine changed under the row, as a fanless Mac does when it heats)",
         ),
-        Column("status", _status, "text", narrow=True, beside="drift"),
+        Column("status", _status, "text", narrow=True, beside="drift"),  # "not exact": the provenance line says why
     ]

@@ -82,8 +82,10 @@ def trained(records: list[Record]) -> str:
     facts = next((r.workload for r in records if getattr(r, "workload", None)), None)
     if facts is None:
         return ""
-    inexact = f"; not exact: {facts.inexact}" if facts.inexact else ""
+    inexact = f"; not exact, compared by repeats, not paired by seed: {facts.inexact}" if facts.inexact else ""
     size = f"{facts.parameters:,} parameters, {megabytes(facts.model_bytes)} a step"
+    if facts.input_shape is not None:  # records from before it was kept: not said
+        size += f", input {facts.input_shape}"
     own = f", its own {facts.optimizer}" if facts.optimizer else ""
     return f" Workload: {facts.name} ({size}{own}{inexact})."
 

@@ -121,7 +121,7 @@ def verdict(records: list[Record]) -> list[str]:
         lines.append(f"  {label(c.record)}: {why}{_drifted(c.record)}")
     if base.workload and not base.workload.exact:
         lines.append(
-            f"  Not exact ({base.workload.name}): {base.workload.inexact}; times to target are not paired by seed."
+            f"  Not exact ({base.workload.name}): {base.workload.inexact}; compared by repeats, not paired by seed."
         )
     return lines
 
