@@ -97,7 +97,10 @@ def skipped_features(cls: type[Strategy], cfg: Config) -> dict:
     if cfg.run.faults and cls.distributed and not cls.survives_worker_loss:
         notes["faults_skipped"] = f"{cls.name} does not survive a lost worker yet: faults not injected"
     if cfg.run.checkpoint_every and not cls.resumable:
-        notes["checkpoints_skipped"] = f"{cls.name} cannot be resumed with --resume yet: no checkpoint of it is kept"
+        notes["checkpoints_skipped"] = (
+            f"{cls.name} keeps no checkpoint within a repeat: --resume keeps its finished repeats and trains "
+            "the unfinished one again from its start"
+        )
     if cfg.run.rebalance_every and cls.distributed and not cls.rebalances:
         notes["rebalance_skipped"] = (
             f"{cls.name} cannot re-split its batch between steps yet: rebalance_every not applied"

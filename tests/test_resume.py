@@ -124,7 +124,20 @@ def test_a_checkpoint_that_would_run_code_is_refused_in_one_sentence(tmp_path):
     kept = RunCheckpoints(str(tmp_path), "run")
     kept.dir.mkdir(parents=True)
     torch.save({"progress": Planted()}, kept.dir / "single.pt")
-    with pytest.raises(
-        UserError, match=r"^checkpoint .*single\.pt cannot be read: it holds objects other than tensors"
-    ):
+    with pytest.raises(UserError, match=r"^checkpoint .*single\.pt cannot be read: it holds a print, and"):
         kept.load("single")
+
+
+def test_numpy_values_in_what_a_row_keeps_are_saved_as_plain_data_and_read_back_weights_only(tmp_path):
+    import numpy as np
+    import torch
+
+    from hetbench.results.checkpoints import RunCheckpoints
+
+    kept = RunCheckpoints(str(tmp_path), "run")
+    kept.dir.mkdir(parents=True)
+    payload = {"done": [{"samples_per_s": np.float64(812.5), "steps": (np.int64(3), 4)}], "w": np.ones(3)}
+    kept.save("ray-ps-async-equal", payload)
+    loaded = kept.load("ray-ps-async-equal")
+    assert loaded["done"] == [{"samples_per_s": 812.5, "steps": (3, 4)}] and type(loaded["done"][0]["steps"][0]) is int
+    assert torch.equal(loaded["w"], torch.ones(3, dtype=torch.float64))

@@ -12,9 +12,11 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import re
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from hetbench.errors import UserError
@@ -55,9 +57,13 @@ class RunCheckpoints:
         return saved["config"], saved["standalone"]
 
     def save(self, key: str, payload: dict) -> None:
+        """`payload` as tensors and plain data, read back weights-only before it replaces the last one:
+        a checkpoint that --resume could not read is never written."""
         buffer = io.BytesIO()
-        torch.save(payload, buffer)
-        atomic_write_bytes(self.dir / f"{key}.pt", buffer.getvalue())
+        torch.save(plain(payload), buffer)
+        written = buffer.getvalue()
+        torch.load(io.BytesIO(written), weights_only=True)  # raises here, while the run can still say why
+        atomic_write_bytes(self.dir / f"{key}.pt", written)
 
     def load(self, key: str) -> dict | None:
         path = self.dir / f"{key}.pt"
@@ -65,16 +71,32 @@ class RunCheckpoints:
             return None
         try:
             return torch.load(path, weights_only=True)  # tensors and plain data: a file cannot run code
-        except pickle.UnpicklingError:
+        except pickle.UnpicklingError as e:
+            found = re.search(r"GLOBAL (\S+)", str(e))
+            inside = f"a {found[1]}" if found else "objects other than tensors and plain data"
             raise UserError(
-                f"checkpoint {path} cannot be read: it holds objects other than tensors and plain data "
-                "(hetbench writes none: not one of its checkpoints)"
+                f"checkpoint {path} cannot be read: it holds {inside}, and a checkpoint is read as tensors "
+                "and plain data only (torch.load weights_only), so that a file cannot run code"
             ) from None
         except Exception as e:  # truncated or foreign file: say which
             raise UserError(f"checkpoint {path} cannot be read: {str(e).strip().splitlines()[0]}") from None
 
     def remove(self, key: str) -> None:
         (self.dir / f"{key}.pt").unlink(missing_ok=True)
+
+
+def plain(value):
+    """`value` with numpy's scalars as Python numbers and its arrays as tensors, in any dict, list or
+    tuple: what torch.load(weights_only=True) reads (a numpy float in a timing would stop it)."""
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(plain(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value)
+    return value
 
 
 def to_saved(repeat: Repeat | dict) -> dict:
