@@ -414,3 +414,22 @@ def test_what_would_change_it_speaks_of_the_workload_its_bytes_and_each_devices_
         "shapes-resnet moves 1.2 MB a step and computes a sample in desk (cuda) 0.33 ms, mac (mps) 1.00 ms alone: "
     )
     assert said.endswith("or at this batch a link whose all-reduce of its 1.2 MB takes under 21 ms")
+
+
+def test_what_would_change_it_names_the_sync_interval_and_the_byte_cut_that_pay_on_this_link():
+    # 256 samples at 3,000/s alone or 4,000/s together: the other machine saves 21.3 ms of compute a step
+    facts = {**PLAIN_DROPOUT, "name": "shapes-resnet", "parameters": 308_650, "exact": True, "inexact": None}
+    row = {**LINK, "workload": facts}
+    floor = {**FLOOR, "allreduce_s": 0.110, "bytes": 1_234_600, "link": {"rate": "100mbit"}}  # 98.8 ms of bytes
+    said = what_would_change_it(row, SINGLE, floor)
+    assert said.endswith(
+        "takes under 21 ms; on this link and batch, one all-reduce every 6 steps (ray-localsgd's sync_every), "
+        "or 9.8x fewer bytes (a bfloat16 wire halves them)"
+    )
+    latency = {**floor, "allreduce_s": 0.130, "link": {"rate": "1gbit"}}  # 9.9 ms of bytes, 120 ms fixed
+    assert what_would_change_it(row, SINGLE, latency).endswith(
+        "one all-reduce every 7 steps (ray-localsgd's sync_every); no fewer bytes would do: this link's fixed "
+        "120 ms alone is more"
+    )
+    unemulated = {**floor, "link": None}  # no rate to split the floor by: the interval alone
+    assert what_would_change_it(row, SINGLE, unemulated).endswith("every 6 steps (ray-localsgd's sync_every)")

@@ -13,11 +13,11 @@ from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
 from hetbench.results.plots import label, png
-from hetbench.results.record import FloorRecord, Record, RowRecord, Settings
+from hetbench.results.record import FloorRecord, Record, RowRecord, Settings, bits_per_s
 from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner, provenance
 from hetbench.results.report import ordered
 from hetbench.results.verdict import distributed, judged, measured, ratio_range, verdict
-from hetbench.results.whatif import bits_per_s, floor_record
+from hetbench.results.whatif import floor_record
 from hetbench.strategies.registry import BASELINE
 
 

@@ -282,12 +282,31 @@ class FloorRecord:
         return (self.link or {}).get("rate")
 
     @property
+    def fixed_s(self) -> float | None:
+        """The part of its time that no fewer bytes would save: the measured time less the model's
+        transfer at the emulated link's rate; None where the link was not emulated (no rate to split by)."""
+        rate = bits_per_s(self.link_rate)
+        if self.seconds is None or not rate or not self.bytes:
+            return None
+        return max(self.seconds - self.bytes * 8 / rate, 0.0)
+
+    @property
     def trained(self) -> bool:
         return False
 
     @property
     def _key(self) -> str:
         return figure_name(self.strategy)
+
+
+def bits_per_s(text: str | None) -> float | None:
+    """tc's rate ('100mbit', '1gbit', '500kbit') in bits per second."""
+    if not text:
+        return None
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * scale
+    return None
 
 
 def figure_name(floor: str) -> str:

@@ -203,7 +203,23 @@ def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | 
         f"{best.workload_name} moves {size} a step and computes a sample in {compute} alone: with one all-reduce "
         f"a step (the {allreduce * 1000:.0f} ms floor of this link), a global batch above {pays_at:,.0f} "
         f"(now {batch}), or at this batch a link whose all-reduce of its {size} takes under {needed * 1000:.0f} ms"
+        f"{_fewer_bytes(allreduce, needed, floor.fixed_s)}"
     )
+
+
+def _fewer_bytes(allreduce: float, needed: float, fixed: float | None) -> str:
+    """On this link and batch: every how many steps an all-reduce pays (its time over the compute the
+    other machines save), and how many times fewer bytes would (the floor's time beyond its fixed part,
+    known where the link was emulated)."""
+    if allreduce <= needed:
+        return ""
+    every = math.ceil(allreduce / needed)
+    said = f"; on this link and batch, one all-reduce every {every} steps (ray-localsgd's sync_every)"
+    if fixed is None:
+        return said
+    if needed <= fixed:
+        return f"{said}; no fewer bytes would do: this link's fixed {fixed * 1000:.0f} ms alone is more"
+    return f"{said}, or {(allreduce - fixed) / (needed - fixed):.1f}x fewer bytes (a bfloat16 wire halves them)"
 
 
 def measured(records: list[Record], name: str) -> RowRecord | None:

@@ -9,21 +9,11 @@ from tabulate import tabulate
 from hetbench.config import LINK_PROFILES
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
-from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor, megabytes
+from hetbench.results.record import FloorRecord, Record, RowRecord, Step, bits_per_s, measured_floor, megabytes
 from hetbench.results.verdict import distributed, measured
 from hetbench.strategies.registry import BASELINE
 
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
-
-
-def bits_per_s(text: str | None) -> float | None:
-    """tc's rate ('100mbit', '1gbit', '500kbit') in bits per second."""
-    if not text:
-        return None
-    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3), ("bit", 1.0)):
-        if text.endswith(unit):
-            return float(text[: -len(unit)]) * scale
-    return None
 
 
 LINKS = {  # column -> bits per second: the link profiles a run can emulate
@@ -34,10 +24,8 @@ LINKS = {  # column -> bits per second: the link profiles a run can emulate
 def floor_on(floor: FloorRecord, rate: float) -> float:
     """The floor's all-reduce on a link of `rate`: its fixed part (the measured time less the
     measured link's transfer, when the link was emulated) plus the model's bytes at that rate."""
-    measured_rate = bits_per_s(floor.link_rate)
-    wire = floor.bytes * 8
-    fixed = max(floor.seconds - wire / measured_rate, 0.0) if measured_rate else floor.seconds
-    return fixed + wire / rate
+    fixed = floor.fixed_s
+    return (floor.seconds if fixed is None else fixed) + floor.bytes * 8 / rate
 
 
 def predicted(record: RowRecord, floor: FloorRecord, batch: int, rate: float | None) -> float | None:
