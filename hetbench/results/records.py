@@ -71,8 +71,17 @@ def provenance(records: list[Record]) -> str:
     when = str(env.time or "")[:10]
     return (
         f"Measured at {code}{command} on {env.host}, {when} ({env.usable_cores} usable cores; "
-        f"torch {env.version('torch')}, ray {env.version('ray')}).{trained(records)}"
+        f"torch {env.version('torch')}, ray {env.version('ray')}).{trained(records)}{devices(records)}"
     )
+
+
+def devices(records: list[Record]) -> str:
+    """ " Devices: ..." of the rows' workers; where all were CPUs, that a GPU desk differs: its step
+    computes far faster, so the same link costs it a larger share (the answer may not carry over)."""
+    kinds = sorted({str(w.device).split(":")[0] for r in records for w in getattr(r, "workers", ()) if w.device})
+    if kinds == ["cpu"]:
+        return " Devices: CPUs only; on a GPU desk a step computes far faster and the link weighs more."
+    return f" Devices: {', '.join(kinds)}." if kinds else ""
 
 
 def trained(records: list[Record]) -> str:
