@@ -107,6 +107,11 @@ class ClusterConfig:
         "local-multinode: these placement labels stand in for Macs: they report macOS and their gloo fails "
         "as a real Mac's does against Linux (GLOO_DEVICE_TRANSPORT=UV)",
     )
+    macos_workload_path: str | None = setting(
+        None,
+        "local-multinode: the folder the stand-in Macs import a user's workload module from, first on their "
+        "path: a copy of their own, as a real Mac's `worker.sh HEAD --workload-path DIR`",
+    )
 
 
 Balance = Literal["equal", "proportional", "auto"]
@@ -543,6 +548,8 @@ def validate(cfg: Config) -> Config:
         raise UserError("cluster.pin_nodes shares out the cores among local nodes: set cluster.mode local-multinode")
     if cluster.macos_nodes and cluster.mode != "local-multinode":
         raise UserError("cluster.macos_nodes marks local nodes as stand-in Macs: set cluster.mode local-multinode")
+    if cluster.macos_workload_path and not cluster.macos_nodes:
+        raise UserError("cluster.macos_workload_path is the stand-in Macs' own folder: set cluster.macos_nodes too")
     unknown = sorted(set(cluster.macos_nodes) - {w.node for w in cfg.workers})
     if unknown:
         raise UserError(f"cluster.macos_nodes names '{unknown[0]}', which no worker's node label is")

@@ -465,6 +465,33 @@ def test_a_stand_in_mac_draws_floats_as_a_macs_cpu_does_so_a_workload_drawing_th
 
 
 @pytest.mark.slow
+def test_a_stand_in_mac_whose_copy_of_the_workload_differs_by_one_line_is_refused_naming_the_file(tmp_path):
+    # each machine imports its own copy (the Mac: worker.sh --workload-path); the stand-in Mac its own folder
+    source = (REPO / "workloads" / "example.py").read_text()
+    for name, text in (("desk", source), ("mac", source.replace("lr=1e-3", "lr=2e-3"))):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "mymodel.py").write_text(text)
+    settings = ("strategies=[ray-ps]", "balance=[equal]", "standalone_steps=0", "floor.enabled=false")
+    settings += (
+        "cluster.macos_nodes=[mac]",
+        f"cluster.macos_workload_path={tmp_path / 'mac'}",
+        "workload=mymodel:build",
+    )
+    desk = {"PYTHONPATH": str(tmp_path / "desk")}
+    refused = run_on_two_nodes(tmp_path / "differs", *settings, env=desk)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert "the workers would train different code: mymodel.py differs: desk runs workload mymodel:build" in (
+        refused.stderr
+    )
+    assert records_of(tmp_path / "differs") == []
+    (tmp_path / "mac" / "mymodel.py").write_text(source)  # the same copy: it trains
+    same = run_on_two_nodes(tmp_path / "same", *settings, env=desk)
+    assert same.returncode == 0, same.stderr[-3000:]
+    (row,) = records_of(tmp_path / "same")
+    assert row["status"] == "ok" and {w["name"]: w["os"] for w in row["workers"]} == {"desk": "Linux", "mac": "Darwin"}
+
+
+@pytest.mark.slow
 def test_a_stand_in_macs_ray_node_refuses_to_join_without_rays_macos_flag_as_a_macs_does(tmp_path):
     # what a Mac's Ray does unless told: no node joins another (hetbench's process defaults tell it)
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}

@@ -71,10 +71,12 @@ class LocalMultinode:
         timeout_s: float,
         pin: bool = False,
         macos: tuple[str, ...] = (),
+        macos_workload_path: str | None = None,
     ) -> None:
         self.workers, self.rate, self.timeout_s = workers, link.rate, timeout_s  # timeout_s: for each node to come up
         self.labels = placement_labels(workers)
         self.macos = set(macos)  # labels whose processes stand in for a Mac's (MAC_STAND_IN)
+        self.macos_path = macos_workload_path  # where they import a user's workload from, before the driver's
         # label -> the cores its processes may run on (pinned), else every node takes them all
         self.cores: dict[str, list[int]] = dict(zip(self.labels, core_shares(len(self.labels)))) if pin else {}
         if pin and not shutil.which("taskset"):
@@ -169,6 +171,9 @@ class LocalMultinode:
         stand-in Mac, gloo that fails as a Mac's does against Linux, and macOS reported."""
         if label in self.macos:  # macOS's defaults under what this cluster sets, its stand-in's over it
             env = {**MACOS_DEFAULTS, **self.env, **MAC_STAND_IN}
+            if self.macos_path:  # its own copy of the user's workload first, as worker.sh --workload-path
+                paths = [self.macos_path, *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+                env["PYTHONPATH"] = os.pathsep.join(paths)
         else:
             env = self.env
         if label in self.links:
@@ -320,7 +325,12 @@ def cluster_for_run(cluster_cfg: ClusterConfig, workers: tuple[WorkerConfig, ...
         yield cluster_cfg, None, None
         return
     cluster = LocalMultinode(
-        workers, link, cluster_cfg.connect_timeout_s, cluster_cfg.pin_nodes, cluster_cfg.macos_nodes
+        workers,
+        link,
+        cluster_cfg.connect_timeout_s,
+        cluster_cfg.pin_nodes,
+        cluster_cfg.macos_nodes,
+        cluster_cfg.macos_workload_path,
     )
     saved_token = os.environ.get("RAY_AUTH_TOKEN")
     own_cores = os.sched_getaffinity(0) if cluster.cores else None
