@@ -153,8 +153,9 @@ def train_repeat(
     strategy.reset(seed)
     progress = {"next_step": 0, "train_s": 0.0, "timed": [], "curve": [], "time_to_target_s": None}
     if resume:
-        strategy.load_state(resume["state"])
         progress = {k: resume[k] for k in progress}
+        strategy.near_target = schedule.near(progress["curve"])  # as where it stopped, for ranks that read it
+        strategy.load_state(resume["state"])
         bar.update(progress["next_step"], resumed=True)
     timed, curve = progress["timed"], progress["curve"]
     clock, time_to_target = progress["train_s"], progress["time_to_target_s"]

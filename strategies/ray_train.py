@@ -38,7 +38,7 @@ from hetbench.errors import RunFailed, quiet_loggers
 from hetbench.gradients import from_buffer
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
-from hetbench.strategies.ray_train_collector import Collector
+from hetbench.strategies.ray_train_collector import CollectorActor
 from hetbench.strategies.torch_ddp import DDPRank
 from hetbench.training import Schedule
 from hetbench.workload import check_same_workload
@@ -151,6 +151,7 @@ class RayTrain(Strategy):
     table_note = "ray-train: one all-reduce per step, so its link prediction counts one floor transfer."
     floor_transfers = 1.0
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
+    resumable = True  # from the state rank 0 keeps at every checkpoint step (Collector.state_at)
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would
 
     def __init__(self, job: Job) -> None:
@@ -165,6 +166,7 @@ class RayTrain(Strategy):
         self.failure: BaseException | None = None  # what ended Ray Train's fit, for the next wait to report
         self.starts = 0  # how often Ray Train started the group (a restart after a lost rank adds one)
         self.repeat = 0  # the repeat the ranks run now
+        self.last_step = -1  # the driver's latest step of it
 
     def start(self) -> None:
         from ray.train import FailureConfig, RunConfig, ScalingConfig
@@ -175,7 +177,7 @@ class RayTrain(Strategy):
         quiet_loggers("ray.train", "ray.util.state", "ray.data")  # PlacementGroupCleaner / State API chatter
         workers = self.job.workers
         self.cluster = connect(self.job.cluster, self.job.workers)
-        self.collector = Collector.options(**on_driver_node()).remote(len(workers))
+        self.collector = CollectorActor.options(**on_driver_node()).remote(len(workers))
         self.storage = tempfile.mkdtemp(prefix="hetbench-train-")
         joined = bool(self.job.cluster.ray_address)
         trainer = TorchTrainer(
@@ -236,7 +238,7 @@ class RayTrain(Strategy):
     def reset(self, seed: int) -> None:
         self._release()
         self.repeat = seed - self.job.run.seed  # the ranks run the same repeats, seeded alike
-        self.snapshot = None
+        self.snapshot, self.last_step = None, -1
 
     def _release(self) -> None:
         """Let the ranks go on past the last evaluation step: the driver has evaluated by now."""
@@ -248,7 +250,7 @@ class RayTrain(Strategy):
         started = now()
         self._release()
         timings, snapshot, starts, resumed_from = self._wait((self.repeat, step))
-        self.snapshot = snapshot
+        self.snapshot, self.last_step = snapshot, step
         if snapshot is not None:
             self.held = (self.repeat, step)
         total = max(t["total_s"] for t in timings.values())
@@ -277,6 +279,24 @@ class RayTrain(Strategy):
         info = next(i for i in self.info if i["name"] == name)
         where = NodeAffinitySchedulingStrategy(info["node_id"], soft=False)
         ray.get(kill_process.options(scheduling_strategy=where).remote(info["pid"]), timeout=self.timeout_s)
+
+    def state(self) -> dict:
+        """Rank 0's model and optimizer after the driver's latest step (it keeps one at every
+        checkpoint step, whichever step the ranks have run ahead to)."""
+        next_step = self.last_step + 1
+        kept = ray.get(self.collector.state_at.remote(self.repeat, next_step, self.timeout_s))
+        if kept is None:
+            raise RunFailed(
+                f"{self.name}: rank 0 kept no state after step {self.last_step} within {self.timeout_s:g} s"
+            )
+        return {"next_step": next_step, "rank": kept}
+
+    def load_state(self, state: dict) -> None:
+        """The ranks begin this repeat from `state` (they begin once the driver waits for its step)."""
+        ray.get(
+            self.collector.resume_from.remote(self.repeat, state["next_step"], state["rank"], self.near_target),
+            timeout=self.timeout_s,
+        )
 
     def weights(self) -> torch.Tensor:
         if self.snapshot is None:  # the ranks' Schedule and the runner's went apart: no stale weights
