@@ -20,10 +20,11 @@ import torch
 
 from hetbench.clock import now
 from hetbench.config import Job, setting
-from hetbench.errors import UserError, WorkersLost
+from hetbench.errors import RunFailed, UserError, WorkersLost
 from hetbench.gradients import from_wire
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayReplica, RayServer
+from hetbench.train_state import load_train_state, train_state
 
 NAME = "ray-localsgd"
 
@@ -55,6 +56,15 @@ class LocalReplica(RayReplica):
         seconds = self.watch.read().work_s
         self.taken = (step, seconds)
         return seconds
+
+    def state(self) -> dict:
+        """My replica, my inner optimizer and where my round began: the server's state does not hold them."""
+        return {**train_state(self.flat, self.optimizer), "round_start": self.round_start.to("cpu", copy=True)}
+
+    def load_state(self, state: dict) -> None:
+        load_train_state(self.flat, self.optimizer, state)
+        self.round_start.copy_(state["round_start"])
+        self.taken = None
 
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
         """The round's last step, then (2a) my delta to the server, as ray-ps sends a gradient."""
@@ -96,7 +106,7 @@ class RayLocalSGD(RayParameterServer):
     )
     synchronous = False  # an update is not one step on the union batch (except sync_every 1, plain SGD)
     uses_host_memory = False  # replicas drift apart between exchanges: each keeps its own weights
-    resumable = False  # the replicas and their optimizers are not checkpointed yet
+    resumable = True  # the server's state with every replica's and the place in the round
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
@@ -114,6 +124,23 @@ class RayLocalSGD(RayParameterServer):
     def reset(self, seed: int) -> None:
         super().reset(seed)
         self.in_round, self.new_round = 0, True
+
+    def state(self) -> dict:
+        replicas = self.placed.results(self._each("state"), "reading the replicas' states")
+        return {
+            "server": super().state(),
+            "replicas": {info["name"]: kept for info, kept in zip(self.info, replicas)},
+            "in_round": self.in_round,
+            "new_round": self.new_round,
+        }
+
+    def load_state(self, state: dict) -> None:
+        super().load_state(state["server"])
+        missing = [i["name"] for i in self.info if i["name"] not in state["replicas"]]
+        if missing:  # lost before the checkpoint: its replica's round cannot be rebuilt
+            raise RunFailed(f"{self.name}: the checkpoint holds no replica of {', '.join(missing)} (lost before it)")
+        self.placed.each("load_state", [(state["replicas"][i["name"]],) for i in self.info], "resuming the replicas")
+        self.in_round, self.new_round = state["in_round"], state["new_round"]
 
     def step(self, step: int, then: int | None = None) -> StepTiming:
         self.in_round += 1

@@ -315,22 +315,29 @@ def check_a_killed_worker_is_survived(tmp_path: Path, name: str) -> dict:
     return faulted
 
 
-def sigterm_a_run(results: Path, args: list[str], ready, within_s: float = 240) -> tuple[int, str]:
-    """`hetbench run ARGS` in its own process, sent SIGTERM once `ready()` holds (bounded by
-    `within_s`); its exit code and stderr. Killed, not left, on every path."""
+def stop_a_run(
+    results: Path, args: list[str], ready, within_s: float = 240, signum: int = signal.SIGTERM
+) -> tuple[int, str]:
+    """`hetbench run ARGS` in its own session, sent `signum` once `ready()` holds (bounded by
+    `within_s`): SIGINT to its whole process group, as a terminal's Ctrl-C reaches every process the
+    run started; SIGTERM to the run alone. Its exit code and stderr. Killed, not left, on every path."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetbench", "run", *args, "--results-dir", str(results)],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + within_s
         while time.monotonic() < deadline and not ready():
             assert proc.poll() is None, proc.communicate()[1][-2000:]
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        if signum == signal.SIGINT:
+            os.killpg(proc.pid, signum)
+        else:
+            proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         stop_child(proc)

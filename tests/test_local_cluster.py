@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CAN_PIN, REPO, hetbench, processes_mentioning, run_child, sets, sigterm_a_run
+from helpers import CAN_PIN, REPO, hetbench, processes_mentioning, run_child, sets, stop_a_run
 from hetbench.errors import UserError
 
 # quick.yaml on two local nodes, the mac's worker 3x slower: a few steps, accuracy on 300 images
@@ -116,7 +116,7 @@ def test_sigterm_mid_run_stops_the_cluster_and_keeps_the_records(tmp_path):
         return bool(started) and time.monotonic() - started[0] > 3
 
     try:
-        code, err = sigterm_a_run(tmp_path, args, dask_sync_running, within_s=200)
+        code, err = stop_a_run(tmp_path, args, dask_sync_running, within_s=200)
     finally:
         records = records_of(tmp_path)
         left = processes_mentioning(*cluster_addresses(records)) if records else {}

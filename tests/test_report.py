@@ -222,3 +222,18 @@ def test_the_step_plot_shows_the_longest_bar_whole_and_its_legend_beside_the_bar
     assert ax.get_xlim()[1] > 138 * 1.01  # single's 138 ms bar does not end at the axis' edge
     assert ax.get_legend().get_bbox_to_anchor().x0 > ax.get_window_extent().x1 - 1
     plt.close(fig)
+
+
+def test_the_table_says_how_each_interrupted_row_went_on():
+    table = report.legend(
+        typed(
+            [
+                record("single", 1000.0, resumed_at={"repeat": 1, "step": 30}),
+                record("ray-ps-async", 900.0, balance="equal", resumed_at={"repeat": 0, "step": 0}),
+                record("ray-ps", 950.0, balance="auto"),
+            ]
+        )
+    )
+    assert "single: resumed after an interrupt, repeat 2 from its checkpoint after step 30." in table
+    assert "ray-ps-async [equal]: resumed after an interrupt, repeat 1 trained again from its start." in table
+    assert "ray-ps [auto]: resumed" not in table

@@ -1,13 +1,14 @@
 """Checkpoints and --resume: an interrupted run continues where it stopped, on the same trajectory."""
 
 import json
+import signal
 
 import pytest
 import torch
 
-from helpers import UNEQUAL, assert_one_line_error, made, sigterm_a_run, small_config
-from hetbench.strategies.dask_sync import DaskSync
-from hetbench.strategies.single import Single
+from helpers import UNEQUAL, assert_one_line_error, made, small_config, stop_a_run
+from hetbench.strategies import registry
+from hetbench.strategies.registry import STRATEGIES
 
 RUN = [
     "--set",
@@ -42,7 +43,7 @@ def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_traj
     def in_ray_ps() -> bool:  # between its first checkpoint and its end
         return bool(list(tmp_path.glob("checkpoints/*/ray-ps-equal.pt")))
 
-    code, err = sigterm_a_run(tmp_path, ["-c", "benchmarks/configs/quick.yaml", *RUN], in_ray_ps)
+    code, err = stop_a_run(tmp_path, ["-c", "benchmarks/configs/quick.yaml", *RUN], in_ray_ps)
     assert code == 130, err[-2000:]
     (record_file,) = tmp_path.glob("raw/*.json")
     # the first pass had trained single's first repeat (written) when ray-ps's was stopped
@@ -66,25 +67,75 @@ def test_a_run_stopped_mid_scenario_resumes_from_its_checkpoint_on_the_same_traj
     assert left == ["run.json"]  # a recorded scenario's checkpoint is removed
 
 
-@pytest.mark.parametrize("strategy_cls", [Single, DaskSync])
-def test_state_taken_and_loaded_continues_exactly(tmp_path, strategy_cls, shared_cluster):
-    strategy = made(strategy_cls, small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))
-    try:
-        strategy.start()
-        strategy.reset(0)
-        for step in range(3):
-            strategy.step(step)
-        state = strategy.state()
-        for step in range(3, 5):
-            strategy.step(step)
-        straight = strategy.weights().clone()
-        strategy.reset(0)
-        strategy.load_state(state)
-        for step in range(3, 5):
-            strategy.step(step)
-        assert torch.equal(strategy.weights(), straight)
-    finally:
-        strategy.close()
+@pytest.mark.slow
+def test_every_strategy_interrupted_with_ctrl_c_resumes_to_every_row_once(cli, tmp_path):
+    """Ctrl-C (SIGINT to the run's process group) in ray-train's first pass, then --resume: every row
+    once, with every repeat; the passes recorded before the interrupt as they were; ray-train goes on
+    from its checkpoint on the single-device trajectory, and the table says how each row resumed."""
+    every = ["--set", f"strategies=[{', '.join(STRATEGIES)}]"]
+    args = ["-c", "benchmarks/configs/quick.yaml", *RUN, *every]
+
+    def in_ray_train() -> bool:
+        return bool(list(tmp_path.glob("checkpoints/*/ray-train-equal.pt")))
+
+    code, err = stop_a_run(tmp_path, args, in_ray_train, signum=signal.SIGINT)
+    assert code == 130 and "interrupted; records written so far are kept" in err, err[-2000:]
+    (record_file,) = tmp_path.glob("raw/*.json")
+    before = {r["strategy"]: r for r in json.loads(record_file.read_text())}
+    assert set(before) == {"single", "ray-ps", "ray-ps-async"}  # ray-train's first pass was under way
+
+    resumed = cli("run", "--resume", str(record_file))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "cannot be resumed" not in err + resumed.stderr
+    rows = json.loads(record_file.read_text())
+    assert [r["strategy"] for r in rows] == list(STRATEGIES)  # each once, in the config's order
+    assert all(r["status"] == "ok" and len(r["repeat_samples_per_s"]) == 2 for r in rows), rows
+    by_name = {r["strategy"]: r for r in rows}
+    for name, was in before.items():  # the first pass of a row recorded before, as it was
+        now = by_name[name]
+        assert (
+            now["repeat_samples_per_s"][0] == was["repeat_samples_per_s"][0]
+            and now["run_order"][0] == was["run_order"][0]
+        )
+    ray_train = by_name["ray-train"]  # stopped inside its first repeat: on from its checkpoint
+    assert ray_train["resumed_at"]["repeat"] == 0 and ray_train["resumed_at"]["step"] in (3, 6, 9)
+    for a, b in zip(by_name["single"]["accuracy_curve"], ray_train["accuracy_curve"], strict=True):
+        assert a["step"] == b["step"] and a["accuracy"] == pytest.approx(b["accuracy"], abs=0.0021)
+    (table,) = tmp_path.glob("*.md")
+    assert "ray-train [equal]: resumed after an interrupt, repeat 1 from its checkpoint after step" in table.read_text()
+
+
+RESUMABLE = [name for name in STRATEGIES if registry.load(name).resumable]
+FAST = ("single", "dask-sync")  # the rest start Ray workers or groups: the slow tier's
+
+
+@pytest.mark.parametrize("name", [n if n in FAST else pytest.param(n, marks=pytest.mark.slow) for n in RESUMABLE])
+def test_a_checkpoint_read_back_weights_only_continues_exactly_in_a_new_start(tmp_path, name, shared_cluster):
+    """As a resumed pass does: the state after step 9 written to its file and read back weights-only,
+    loaded into the strategy started afresh, trains on to the weights the first start reached (16
+    steps: ray-localsgd's checkpoint inside its second round, which ends in an exchange)."""
+    from hetbench.results.checkpoints import RunCheckpoints
+
+    overrides = ["dropout=0", "steps=16", "warmup_steps=0", "eval_every=5", "checkpoint_every=5"]
+    cfg = small_config(tmp_path, UNEQUAL, *overrides, *shared_cluster.overrides)
+    kept = RunCheckpoints(str(tmp_path), "run")
+    kept.dir.mkdir(parents=True)
+    weights = []
+    for resuming in (False, True):
+        strategy = made(registry.load(name), cfg)
+        try:
+            strategy.start()
+            strategy.reset(cfg.run.seed)
+            if resuming:
+                strategy.load_state(kept.load(name)["state"])
+            for step in range(10 if resuming else 0, 16):
+                strategy.step(step)
+                if step == 9 and not resuming:
+                    kept.save(name, {"state": strategy.state()})  # refused here unless plain data
+            weights.append(strategy.weights().clone())
+        finally:
+            strategy.close()
+    assert torch.equal(*weights)
 
 
 def test_resume_refuses_what_it_cannot_continue(cli, tmp_path):

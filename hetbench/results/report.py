@@ -182,7 +182,18 @@ def legend(records: list[Record]) -> str:
     notes = dict.fromkeys(r.table_note for r in ran if r.table_note)
     if any((r.evaluated_repeats or 0) < len(r.repeat_timed_steps) for r in ran):
         notes[SPEED_STEPS_NOTE] = None
+    notes.update(dict.fromkeys(resumed_note(r) for r in ran if "resumed_at" in r.extras))
     return "\n".join([LEGEND, *notes])
+
+
+def resumed_note(row: RowRecord) -> str:
+    """How an interrupted row went on (hetbench run --resume): from its checkpoint, or its unfinished
+    repeat trained again from its start (a strategy that keeps no checkpoint within a repeat)."""
+    at = row.extras["resumed_at"]
+    repeat = f"repeat {at['repeat'] + 1}"
+    how = f"from its checkpoint after step {at['step']}" if at["step"] else "trained again from its start"
+    label = f"{row.strategy} [{row.balance}]" if row.balance else row.strategy
+    return f"{label}: resumed after an interrupt, {repeat} {how}."
 
 
 SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (speed_steps timed the others only)."
