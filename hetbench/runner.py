@@ -71,7 +71,8 @@ class RowRun:
         if row.finished or not saved:
             return row
         row.repeats, row.resume = [from_saved(r) for r in saved["done"]], saved["progress"]
-        row.notes["resumed_at"] = {"repeat": len(row.repeats), "step": row.resume["next_step"] if row.resume else 0}
+        if saved.get("under_way", True):  # the interrupt cut its repeat short (else its next pass had not begun)
+            row.notes["resumed_at"] = {"repeat": len(row.repeats), "step": row.resume["next_step"] if row.resume else 0}
         if kept := row.record:  # what its record holds of the passes that trained those repeats
             passes = len(row.repeats)
             row.startups, row.places = kept.repeat_startup_s[:passes], kept.run_order[:passes]
@@ -121,6 +122,8 @@ def run_repeat(
         with Progress(label or name, schedule.total(r), cfg.run.repeats) as bar:
             bar.repeat(r)
             save = saver(checkpoints, row.scenario.key, row.repeats) if checkpoints and cls.resumable else None
+            if checkpoints and not row.resume:  # under way: an interrupt from here on cuts this repeat short
+                saver(checkpoints, row.scenario.key, row.repeats)(None)
             resume = from_saved(row.resume, finished=False) if row.resume else None
             row.repeats.append(
                 train_repeat(
@@ -139,7 +142,7 @@ def run_repeat(
             )
         row.resume = None
         if checkpoints:  # the repeats it trained, kept until its last pass is recorded
-            saver(checkpoints, row.scenario.key, row.repeats)(None)
+            saver(checkpoints, row.scenario.key, row.repeats)(None, under_way=False)
         workers = strategy.worker_info()
         earlier = row.record.extras if row.record else {}  # its earlier passes'
         extras = {**skipped_features(cls, cfg), **row.notes, **strategy.record_extras(earlier)}
@@ -153,12 +156,12 @@ def run_repeat(
 
 
 def saver(checkpoints: RunCheckpoints, key: str, done: list[Repeat]):
-    """Saves the row's finished repeats and the current one's progress (model + optimizer + step;
-    None once it finished)."""
+    """Saves the row's finished repeats, whether the next one is under way, and its progress (model +
+    optimizer + step; None where it kept none)."""
 
-    def save(progress: dict | None) -> None:
+    def save(progress: dict | None, under_way: bool = True) -> None:
         kept = to_saved(progress) if progress else None
-        checkpoints.save(key, {"done": [to_saved(r) for r in done], "progress": kept})
+        checkpoints.save(key, {"done": [to_saved(r) for r in done], "progress": kept, "under_way": under_way})
 
     return save
 
