@@ -121,9 +121,9 @@ def run_repeat(
         row.startups.append(now() - started)
         with Progress(label or name, schedule.total(r), cfg.run.repeats) as bar:
             bar.repeat(r)
-            save = saver(checkpoints, row.scenario.key, row.repeats) if checkpoints and cls.resumable else None
-            if checkpoints and not row.resume:  # under way: an interrupt from here on cuts this repeat short
-                saver(checkpoints, row.scenario.key, row.repeats)(None)
+            kept = saver(checkpoints, row.scenario.key, row.repeats) if checkpoints else None
+            if kept and not row.resume:  # under way: an interrupt from here on cuts this repeat short
+                kept(None)
             resume = from_saved(row.resume, finished=False) if row.resume else None
             row.repeats.append(
                 train_repeat(
@@ -135,14 +135,14 @@ def run_repeat(
                     seed=cfg.run.seed + r,
                     samples_per_step=cfg.run.batch_size,
                     faults=faults,
-                    save=save,
+                    save=kept if cls.resumable else None,
                     resume=resume,
                     cluster=cluster,
                 )
             )
         row.resume = None
-        if checkpoints:  # the repeats it trained, kept until its last pass is recorded
-            saver(checkpoints, row.scenario.key, row.repeats)(None, under_way=False)
+        if kept:  # the repeats it trained, kept until its last pass is recorded
+            kept(None, under_way=False)
         workers = strategy.worker_info()
         earlier = row.record.extras if row.record else {}  # its earlier passes'
         extras = {**skipped_features(cls, cfg), **row.notes, **strategy.record_extras(earlier)}

@@ -13,7 +13,7 @@ from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.columns import Column, Row, columns
-from hetbench.results.plots import write_plots
+from hetbench.results.plots import label, write_plots
 from hetbench.results.record import AloneTimings, FloorRecord, Record, RowRecord, measured_floor
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
@@ -192,8 +192,7 @@ def resumed_note(row: RowRecord) -> str:
     at = row.extras["resumed_at"]
     repeat = f"repeat {at['repeat'] + 1}"
     how = f"from its checkpoint after step {at['step']}" if at["step"] else "trained again from its start"
-    label = f"{row.strategy} [{row.balance}]" if row.balance else row.strategy
-    return f"{label}: resumed after an interrupt, {repeat} {how}."
+    return f"{label(row)}: resumed after an interrupt, {repeat} {how}."
 
 
 SPEED_STEPS_NOTE = "test acc and time to target: the evaluated repeats' (speed_steps timed the others only)."
