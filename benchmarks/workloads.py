@@ -27,7 +27,7 @@ from hetbench.devices import resolve_device
 from hetbench.errors import UserError
 from hetbench.results.records import environment
 from hetbench.strategies.single import OneDevice
-from hetbench.workload import BUILT_IN
+from hetbench.workloads import BUILT_IN
 
 WARMUP = 2  # untimed steps of each round
 

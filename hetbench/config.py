@@ -11,6 +11,7 @@ config is made with dataclasses.replace, and records keep `as_dict()`, the YAML'
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import re
 import types
@@ -27,6 +28,7 @@ from hetbench.balance import split_batch
 from hetbench.errors import UserError
 from hetbench.inputs import MAX_CONFIG_BYTES, load_yaml, read_text
 
+log = logging.getLogger(__name__)
 EMPTY: Mapping[str, Any] = MappingProxyType({})  # no strategy declares settings
 
 
@@ -186,6 +188,29 @@ class RunConfig:
 
 SECTIONS = {"floor": FloorConfig, "link": LinkConfig, "cluster": ClusterConfig}
 
+# The built-in workloads (hetbench/workloads/, a module each) and the run settings each trains with
+# where the config sets none: what it takes to reach its target in minutes on a 2-core CPU.
+BUILT_IN_WORKLOADS: dict[str, Mapping[str, Any]] = {
+    "mnist-cnn": EMPTY,  # RunConfig's defaults are its own
+    # Adam reaches 60% in about 34 steps of 256; a step costs about 4x the CNN's here, so two
+    # repeats and short alone timings keep a two-machine race to about 20 minutes
+    "shapes-resnet": MappingProxyType(
+        {
+            "optimizer": "adam",
+            "lr": 0.002,
+            "batch_size": 256,
+            "steps": 44,
+            "warmup_steps": 4,
+            "repeats": 2,
+            "standalone_steps": 3,
+            "eval_every": 10,
+            "fine_eval_within": 0.15,
+            "eval_samples": 1000,
+            "target_accuracy": 0.6,
+        }
+    ),
+}
+
 
 @dataclass(frozen=True)
 class Config:
@@ -268,6 +293,10 @@ def described(strategies: Mapping[str, Any] = EMPTY) -> str:
     for name, cls in strategies.items():
         if cls is not None and cls.options is not None:
             text += [f"{name}:  # {name}'s own settings", *lines(cls.options, "  ")]
+    text += [
+        "# mnist-cnn: {steps: 60}  # a section under a workload's name (a built-in or a module:function)",
+        "#   holds run keys that apply only when it runs; a built-in's own settings apply where no key is set",
+    ]
     return "\n".join(text) + "\n"
 
 
@@ -354,13 +383,43 @@ def load_config(path: str | None, overrides: list[str] = (), strategies: Mapping
             raise UserError(f"config {path} must be a mapping of keys to values")
     for item in overrides:
         apply_override(raw, item)
-    raw = renamed(raw)
+    raw = with_workload_settings(renamed(raw), {item.partition("=")[0].split(".")[0] for item in overrides})
     options = resolve_options(raw, strategies)
     merged = merge(DEFAULTS, raw, "", KINDS[""])
     if merged["name"] is None:
         merged["name"] = Path(path).stem if path else "run"
     merged["link"] = link_profile(merged["link"])
     return validate(build(merged, options))
+
+
+def with_workload_settings(raw: dict, set_keys: set[str]) -> dict:
+    """`raw` with the run settings its workload brings. Precedence: the defaults, a built-in's own
+    settings (BUILT_IN_WORKLOADS), the config's top level, the config's section under the workload's
+    name (e.g. `shapes-resnet: {steps: 44}`: a config can hold one for every workload it may run),
+    then --set (`set_keys`, the top-level keys it named). Every workload section leaves `raw`, each
+    checked."""
+    sections = {key: raw.pop(key) for key in list(raw) if key in BUILT_IN_WORKLOADS or ":" in str(key)}
+    for key, section in sections.items():
+        if not isinstance(section, dict):
+            raise UserError(f"config key '{key}' must be a mapping of run keys to use with that workload")
+        wrong = sorted((set(section) - set(RUN_KINDS)) | (set(section) & {"workload", "name", "strategies"}))
+        if wrong:
+            raise UserError(
+                f"config key '{key}.{wrong[0]}' is not a run key a workload's section can set "
+                "(e.g. steps, lr, target_accuracy, repeats)"
+            )
+        for k, value in section.items():
+            _typed(f"{key}.{k}", value, RUN_KINDS[k])
+    name = raw.get("workload", DEFAULTS["workload"])
+    if not isinstance(name, str):
+        return raw  # merge says what is wrong with it
+    schedule = BUILT_IN_WORKLOADS.get(name, {})
+    section = {k: v for k, v in sections.get(name, {}).items() if k not in set_keys}
+    brought = {**{k: v for k, v in schedule.items() if k not in raw}, **section}
+    if brought:
+        settings = ", ".join(f"{k} {v}" for k, v in brought.items())
+        log.info("%s's own settings: %s (a --set changes any)", name, settings)
+    return {**raw, **brought}
 
 
 def from_dict(saved: dict, strategies: Mapping[str, Any] = EMPTY) -> Config:

@@ -24,9 +24,7 @@ from hetbench.config import RunConfig
 from hetbench.data import Split, check_same_data
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
-
-# name -> the module whose `build(run, announce)` makes it; a user's workload is a `module:function`
-BUILT_IN = {"mnist-cnn": "hetbench.workloads.mnist_cnn", "shapes-resnet": "hetbench.workloads.shapes_resnet"}
+from hetbench.workloads import BUILT_IN
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices
 

@@ -190,3 +190,32 @@ def test_a_renamed_strategy_loads_under_its_old_name_in_configs_and_records(tmp_
     records = tmp_path / "old.json"
     records.write_text(json.dumps([{"strategy": "ray-train-gloo", "status": "ok"}]))
     assert [r.strategy for r in read_records([str(records)])] == ["ray-train"]
+
+
+def test_a_workload_brings_its_schedule_and_a_config_section_per_workload_beats_it(tmp_path):
+    from hetbench.workloads import BUILT_IN
+
+    path = write(tmp_path, "steps: 30\nmnist-cnn: {steps: 60, repeats: 4}\nshapes-resnet: {repeats: 1}\n")
+    mnist = load_config(path)
+    assert (mnist.run.steps, mnist.run.repeats, mnist.run.optimizer) == (60, 4, DEFAULTS["optimizer"])
+    shapes = load_config(path, ["workload=shapes-resnet"]).run
+    assert (shapes.steps, shapes.repeats) == (30, 1)  # the top level over the schedule, the section over both
+    assert (shapes.optimizer, shapes.lr, shapes.target_accuracy) == ("adam", 0.002, 0.6)  # its own settings
+    assert load_config(path, ["workload=shapes-resnet", "repeats=5", "lr=0.01"]).run.repeats == 5  # --set last
+    assert load_config(path, ["mnist-cnn.steps=9"]).run.steps == 9
+    for name in BUILT_IN:  # every built-in's settings are run keys of the right types, and it loads
+        assert load_config(None, [f"workload={name}"]).run.workload == name
+        assert set(config.BUILT_IN_WORKLOADS[name]) <= set(config.RUN_KINDS) - {"workload"}
+
+
+def test_a_user_workload_may_have_a_section_and_every_section_is_checked(tmp_path):
+    path = write(tmp_path, "workload: 'mypkg.model:build'\n'mypkg.model:build': {steps: 12}\n")
+    assert load_config(path).run.steps == 12
+    for text, message in (
+        ("mnist-cnn: {stepz: 3}\n", r"config key 'mnist-cnn.stepz' is not a run key"),
+        ("shapes-resnet: {workload: mnist-cnn}\n", r"config key 'shapes-resnet.workload' is not a run key"),
+        ("shapes-resnet: 3\n", r"config key 'shapes-resnet' must be a mapping"),
+        ("shapes-resnet: {steps: many}\n", r"config key 'shapes-resnet.steps' must be int"),
+    ):
+        with pytest.raises(UserError, match=message):
+            load_config(write(tmp_path, text), ["workload=shapes-resnet"])
