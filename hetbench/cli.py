@@ -40,6 +40,23 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from pathlib import Path
+
+    from hetbench.config import load_config
+    from hetbench.plan import plan
+    from hetbench.strategies import registry
+
+    cfg = load_config(args.config, args.set or [], registry.declared())
+    text = plan(cfg)
+    print(text)
+    out = Path(args.results_dir or cfg.run.results_dir) / f"{cfg.run.name}-plan.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"plan: {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_report(args) -> int:
     from pathlib import Path
 
@@ -151,6 +168,15 @@ def parser() -> argparse.ArgumentParser:
     )
     run.set_defaults(func=cmd_run)
 
+    plan = sub.add_parser(
+        "plan",
+        formatter_class=fmt,
+        help="predict every row of a config from a short measurement (alone speeds, floors), before racing",
+    )
+    plan.add_argument("-c", "--config", required=True, help="YAML config, e.g. benchmarks/configs/hetero-local.yaml")
+    plan.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key; repeatable")
+    plan.add_argument("--results-dir", default=None, help="where NAME-plan.md goes (default: the config's)")
+    plan.set_defaults(func=cmd_plan)
     report = sub.add_parser("report", formatter_class=fmt, help="comparison tables from record files")
     report.add_argument("files", nargs="*", help="record JSON files (default: the newest under RESULTS_DIR/raw)")
     report.add_argument("--results-dir", default="results", help="where raw/ records and tables live")

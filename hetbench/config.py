@@ -76,6 +76,14 @@ class FloorConfig:
 
 
 @dataclass(frozen=True)
+class PlanConfig:
+    """`hetbench plan`: each worker timed alone at two batches, the floors, and every row predicted."""
+
+    seconds: float = setting(120.0, "its budget: a measurement that would pass it is cut short, and the plan says so")
+    steps: int = setting(5, "timed steps of each worker alone at each batch (after 3 untimed)")
+
+
+@dataclass(frozen=True)
 class LinkConfig:
     """Link emulation to the non-head nodes of a local-multinode cluster (root)."""
 
@@ -186,7 +194,7 @@ class RunConfig:
     faults: tuple[Fault, ...] = setting((), "injected faults, e.g. [{at_step: 20, kill: worker, target: mac}]")
 
 
-SECTIONS = {"floor": FloorConfig, "link": LinkConfig, "cluster": ClusterConfig}
+SECTIONS = {"floor": FloorConfig, "link": LinkConfig, "cluster": ClusterConfig, "plan": PlanConfig}
 
 # The built-in workloads (hetbench/workloads/, a module each) and the run settings each trains with
 # where the config sets none: what it takes to reach its target in minutes on a 2-core CPU.
@@ -221,6 +229,7 @@ class Config:
     cluster: ClusterConfig = ClusterConfig()
     link: LinkConfig = LinkConfig()
     floor: FloorConfig = FloorConfig()
+    plan: PlanConfig = PlanConfig()
     # strategy name -> its own settings, checked by its options dataclass and kept as plain values:
     # what records keep, and what crosses to workers in a Job (they need no strategy module to read it)
     options: dict[str, dict] = field(default_factory=dict)
@@ -589,6 +598,8 @@ def validate(cfg: Config) -> Config:
     ):
         if getattr(run, key) < 0:
             raise UserError(f"config key '{key}' must not be negative, got {getattr(run, key)}")
+    if cfg.plan.seconds <= 0 or cfg.plan.steps <= 0:
+        raise UserError("config keys 'plan.seconds' and 'plan.steps' must be positive")
     if cluster.step_timeout_s <= 0 or cluster.connect_timeout_s <= 0:
         raise UserError("config keys 'cluster.step_timeout_s' and 'cluster.connect_timeout_s' must be positive")
     if not 0.0 <= run.dropout < 1.0:

@@ -22,6 +22,7 @@ LAYERS = [
     {"scenarios"},
     {"results"},
     {"runner"},
+    {"plan"},
     {"cli", "__main__"},
 ]
 
@@ -85,7 +86,7 @@ def test_no_module_imports_itself_back_in_a_circle():
 # strategy's own settings); every other room takes the sections it needs (the cluster its
 # ClusterConfig and the workers, the data and the loop the RunConfig, the floor its FloorConfig) or
 # the config as records keep it (a dict).
-TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios"}
+TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios", "plan"}  # plan: every row, as the runner
 
 
 def test_only_the_rooms_that_run_a_row_take_the_whole_config():

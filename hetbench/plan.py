@@ -1,0 +1,321 @@
+"""`hetbench plan`: every row of a config predicted from a short measurement, before any race.
+
+It measures on the race's own cluster what the race's arithmetic needs: each worker training alone
+at two global batches (a step's fixed cost and its cost per sample, on that device), and the two
+floors over the real link. From those and each strategy's pattern it predicts each row's samples/s:
+a synchronous step waits for the slowest share, then moves the model `floor_transfers` times at the
+floor's all-reduce time (local SGD: once a round of `sync_every` steps); an asynchronous worker runs
+at its own pace, its gradient up and its weights down each step (the ps-floor's round trip). What a
+strategy spends beyond its floor is not known before it runs, so each prediction is its pattern at
+the floor: the race's measured rows say how far each strategy falls short of it.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, replace
+
+from tabulate import tabulate
+
+from hetbench.clock import median, now
+from hetbench.cluster.joined import wait_for_workers
+from hetbench.cluster.multinode import cluster_for_run
+from hetbench.cluster.ray_connection import ray_kept_for_the_run
+from hetbench.config import Config
+from hetbench.errors import UserError
+from hetbench.floor import measure_floor
+from hetbench.gradients import WIRE_DTYPES, powersgd_fraction
+from hetbench.runner import open_ray
+from hetbench.scenarios import balanced, planned, reference_first
+from hetbench.standalone import measure_standalone
+from hetbench.strategies import registry
+from hetbench.workload import load_workload
+
+log = logging.getLogger(__name__)
+
+SMALL = 4  # the second batch: the global batch / SMALL (a step's fixed cost is the line through the two)
+CLEAR = 1.05  # a row pays (or not) "likely" only where its whole range is this far past the best alone
+
+
+@dataclass(frozen=True)
+class Alone:
+    """One worker training alone: its seconds a step at two global batches, every timing of each."""
+
+    name: str
+    small: int  # samples a step
+    large: int
+    small_s: tuple[float, ...]  # seconds a step, each timing
+    large_s: tuple[float, ...]
+
+    def step_s(self, batch: int, pick=median) -> float:
+        """A step at `batch` on this worker: the line through the two batches' timings (`pick` of
+        each: median, min for its fastest, max for its slowest); through zero if only one was timed."""
+        large = pick(self.large_s)
+        if not self.small_s or self.small >= self.large:
+            return large * batch / self.large
+        per_sample = max((large - pick(self.small_s)) / (self.large - self.small), 0.0)
+        return max(large - per_sample * self.large, 0.0) + per_sample * batch
+
+    def fixed_s(self) -> float:
+        return self.step_s(0)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What a plan predicts from: measured on the race's cluster, over its real link."""
+
+    alone: tuple[Alone, ...]  # in configured worker order
+    allreduce_s: float | None  # the gloo-floor: one all-reduce of the model's float32 buffer (None: failed)
+    roundtrip_s: float | None  # the ps-floor: the buffer up and back down
+    model_bytes: int  # float32
+    seconds: float = 0.0  # what measuring took, the cluster's start included
+    cut: str = ""  # what the budget (plan.seconds) left out, if anything
+
+
+@dataclass(frozen=True)
+class RowPlan:
+    """One row predicted: samples/s at its split, and against the best machine alone at the same batch."""
+
+    strategy: str
+    balance: str | None
+    split: tuple[int, ...]
+    compute_s: float  # the slowest share's step alone (median timings)
+    sync_s: float  # the link's share of a step at the floor
+    samples_per_s: tuple[float, float, float]  # slowest, median, fastest timings
+    vs_alone: tuple[float, float, float]  # the same, each over the best alone (its fastest for the lowest)
+    verdict: str
+    note: str = ""
+    synchronous: bool = True  # a barrier each step: its samples/s say its time to a target, as single's do
+
+    @property
+    def label(self) -> str:
+        return self.strategy if self.balance is None else f"{self.strategy} [{self.balance}]"
+
+
+PICKS = (max, median, min)  # each timing's slowest, median and fastest seconds: the predictions' range
+
+
+def best_alone(measured: Measured, batch: int) -> tuple[Alone, tuple[float, float, float]]:
+    """The fastest worker alone at `batch` (by median), and its samples/s at each pick."""
+    best = min(measured.alone, key=lambda a: a.step_s(batch))
+    return best, tuple(batch / best.step_s(batch, pick) for pick in PICKS)
+
+
+def step_rate(measured: Measured, split: list[int], transfers: float | None, width: int, pick) -> float:
+    """Samples/s of a step at `split`: synchronous (`transfers` floor all-reduces a step, in a wire
+    dtype of `width` bytes), or asynchronous where `transfers` is None."""
+    times = [a.step_s(b, pick) for a, b in zip(measured.alone, split)]
+    if transfers is None:  # each worker at its own pace, a round trip to the server after each step
+        trip = (measured.roundtrip_s or 0.0) * width / 4
+        return sum(b / (t + trip) for b, t in zip(split, times) if b)
+    return sum(split) / (max(times) + transfers * width / 4 * (measured.allreduce_s or 0.0))
+
+
+def predict(cfg: Config, measured: Measured) -> list[RowPlan]:
+    """Every distributed row of `cfg` predicted from `measured` (the baseline is the best alone)."""
+    batch = cfg.run.batch_size
+    best, alone = best_alone(measured, batch)
+    speeds = {a.name: batch / a.step_s(batch) for a in measured.alone}
+    rows = []
+    for scenario in planned(cfg):
+        if scenario.strategy == registry.BASELINE:
+            continue
+        strategy = registry.load(scenario.strategy)(cfg.job(scenario.strategy))
+        split = [w.batch for w in balanced(cfg, scenario.balance, speeds).workers]
+        transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
+        if transfers is None and strategy.synchronous:
+            continue  # no link crossed (nothing to predict it by)
+        if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
+            continue  # its floor failed: markdown says so
+        rates = tuple(step_rate(measured, split, transfers, width, pick) for pick in PICKS)
+        vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
+        compute = max(a.step_s(b) for a, b in zip(measured.alone, split))
+        sync = (transfers or 0.0) * width / 4 * (measured.allreduce_s or 0.0)
+        rows.append(
+            RowPlan(
+                scenario.strategy,
+                scenario.balance,
+                tuple(split),
+                compute,
+                sync,
+                rates,
+                vs,
+                verdict(vs, compute, sync, transfers, measured, best, batch),
+                note(cfg, strategy, measured, split, alone[1], batch),
+                strategy.synchronous,
+            )
+        )
+    return rows
+
+
+def verdict(vs, compute: float, sync: float, transfers, measured: Measured, best: Alone, batch: int) -> str:
+    """The race's words: likely pays, too close to call, or will not pay and why."""
+    if vs[0] >= CLEAR:
+        return "likely pays"
+    if vs[2] * CLEAR > 1:
+        return "too close to call: race it"
+    alone_ms, mb = best.step_s(batch) * 1e3, f"{measured.model_bytes / 1e6:.1f} MB"
+    if transfers is None:
+        trip = (measured.roundtrip_s or 0.0) * 1e3
+        return (
+            f"will not pay: each step waits {trip:.0f} ms for the {mb} up and back "
+            f"({best.name} alone: {alone_ms:.0f} ms a step)"
+        )
+    if compute * 1e3 < alone_ms:  # the shares beat it alone: the link loses it
+        what = f"all-reduce of {mb} takes" if transfers <= 1 else f"{transfers:g} transfers of {mb} take"
+        return (
+            f"will not pay: the {what} {sync * 1e3:.0f} ms against {compute * 1e3:.0f} ms of compute "
+            f"({best.name} alone: {alone_ms:.0f} ms a step)"
+        )
+    return (
+        f"will not pay: the slowest share takes {compute * 1e3:.0f} ms, {best.name} the whole batch {alone_ms:.0f} ms"
+    )
+
+
+def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: float, batch: int) -> str:
+    """What would turn the row around: local SGD's smallest sync interval that beats the best alone;
+    torch-ddp's bfloat16 wire and PowerSGD; for an asynchronous row, what it cannot say."""
+    options = cfg.options.get(strategy.name, {})
+    if "sync_every" in options:
+        return sync_interval_note(measured, split, alone, batch, strategy)
+    if not strategy.synchronous:
+        return "samples/s only: its stale gradients may cost steps to the target, which only a race shows"
+    if options.get("compression") == "none":  # torch-ddp's
+        fraction = powersgd_fraction(load_workload(cfg.run).build_model(0), options["powersgd_rank"])
+        bf16 = step_rate(measured, split, 1.0, 2, median) / alone
+        powersgd = step_rate(measured, split, fraction, 4, median) / alone
+        return f"bfloat16 wire: {bf16:.2f}x; PowerSGD rank {options['powersgd_rank']}: {powersgd:.2f}x"
+    return ""
+
+
+def sync_interval_note(measured: Measured, split: list[int], alone: float, batch: int, strategy) -> str:
+    """The smallest sync_every at which a round of local steps beats the best alone."""
+    compute = max(a.step_s(b) for a, b in zip(measured.alone, split))
+    width = WIRE_DTYPES[strategy.wire_dtype].itemsize
+    per_round = strategy.floor_transfers * strategy.exchange_every * width / 4 * (measured.allreduce_s or 0.0)
+    spare = batch / alone - compute  # what a step may spend on the link and still beat the best alone
+    if spare <= 0:
+        return "no sync_every beats the best alone: its slowest share alone takes longer than the whole batch there"
+    every = max(1, math.floor(per_round / spare) + 1)
+    return f"beats the best alone from sync_every {every}"
+
+
+def worth_racing(rows: list[RowPlan], n: int = 2) -> list[RowPlan]:
+    """The rows to race: of those that may pay, the `n` predicted fastest, one a strategy; synchronous
+    ones first (another's samples/s do not say its steps to the target: stale or averaged updates)."""
+    hopeful = [r for r in rows if not r.verdict.startswith("will not pay")]
+    best: dict[str, RowPlan] = {}
+    for row in sorted(hopeful, key=lambda r: (not r.synchronous, -r.vs_alone[1])):
+        best.setdefault(row.strategy, row)
+    return list(best.values())[:n]
+
+
+def measure(cfg: Config) -> Measured:
+    """Each worker alone at the global batch and a quarter of it, then the floors, on the race's own
+    cluster (Ray started once, as a race does); within plan.seconds where it can be."""
+    workload = load_workload(cfg.run)
+    workload.preflight()
+    started, cut = now(), []
+    budget = cfg.plan.seconds
+    large, small = cfg.run.batch_size, max(cfg.run.batch_size // SMALL, 1)
+    with (
+        cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster),
+        ray_kept_for_the_run(),
+    ):
+        workers = wait_for_workers(joined, cfg.workers, cluster and cluster.check_alive)
+        on = replace(cfg, cluster=joined, workers=workers)
+        open_ray(on)
+
+        def timed(batch: int) -> dict[str, list[float]]:
+            job = on.job()
+            job = replace(job, run=replace(job.run, batch_size=batch, standalone_steps=cfg.plan.steps))
+            return {name: [batch / rate for rate in rates] for name, rates in measure_standalone(job).items()}
+
+        at_large = timed(large)
+        at_small = {}
+        if (now() - started) * (1 + 1 / SMALL) < budget:  # the small batch costs about a quarter as much
+            at_small = timed(small)
+        else:
+            cut.append(f"the batch of {small} (a step's fixed cost taken as zero)")
+        alone = tuple(
+            Alone(w.name, small, large, tuple(at_small.get(w.name, ())), tuple(at_large[w.name])) for w in workers
+        )
+        floor = on.floor
+        if now() - started > budget * 3 / 4:  # a floor's timed transfers cut to the fewest that still say much
+            floor = replace(floor, iterations=min(floor.iterations, 5))
+            cut.append(f"the floors to {floor.iterations} transfers each")
+        speeds = {a.name: large / a.step_s(large) for a in alone}
+        first, _ = reference_first(on, speeds)
+        allreduce, roundtrip = measure_floor(floor, first.cluster, first.workers, cfg.link, workload.parameters)
+    return Measured(
+        alone,
+        allreduce.get("allreduce_s"),
+        roundtrip.get("roundtrip_s"),
+        workload.parameters * 4,
+        now() - started,
+        "; ".join(cut),
+    )
+
+
+def plan(cfg: Config) -> str:
+    """`hetbench plan`: measure, predict every row, and say it in the race's words (Markdown)."""
+    if len(cfg.workers) < 2:
+        raise UserError("hetbench plan compares machines: give the config two workers or more")
+    measured = measure(cfg)
+    return markdown(cfg, measured, predict(cfg, measured))
+
+
+def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:
+    batch = cfg.run.batch_size
+    best, alone = best_alone(measured, batch)
+    lines = [f"# Plan: {cfg.run.name} ({cfg.run.workload}, global batch {batch})", ""]
+    workers = [
+        f"{a.name} {batch / a.step_s(batch):,.0f} samples/s alone ({a.fixed_s() * 1e3:.0f} ms a step fixed, "
+        f"{(a.step_s(batch) - a.fixed_s()) / batch * 1e3:.2f} ms a sample)"
+        for a in measured.alone
+    ]
+    floors = [
+        f"all-reduce of {measured.model_bytes / 1e6:.1f} MB {fmt_ms(measured.allreduce_s)}",
+        f"parameter-server round trip {fmt_ms(measured.roundtrip_s)}",
+    ]
+    lines.append(f"Measured in {measured.seconds:.0f} s: {'; '.join(workers)}; {'; '.join(floors)}.")
+    if measured.cut:
+        lines.append(f"Cut to the budget (plan.seconds {cfg.plan.seconds:g}): {measured.cut}.")
+    lines.append("")
+    body = [
+        [
+            r.label,
+            "/".join(map(str, r.split)),
+            f"{r.compute_s * 1e3:.0f} + {r.sync_s * 1e3:.0f}",
+            f"{r.samples_per_s[1]:,.0f} ({r.samples_per_s[0]:,.0f}-{r.samples_per_s[2]:,.0f})",
+            f"{r.vs_alone[1]:.2f}x ({r.vs_alone[0]:.2f}-{r.vs_alone[2]:.2f})",
+            r.verdict,
+            r.note,
+        ]
+        for r in rows
+    ]
+    step_ms = best.step_s(batch) * 1e3
+    body.insert(0, [f"single ({best.name})", str(batch), f"{step_ms:.0f} + 0", f"{alone[1]:,.0f}", "1.00x", "", ""])
+    headers = ["row", "split", "ms a step: compute + link", "samples/s", "vs best alone", "verdict", "what changes it"]
+    lines += [tabulate(body, headers=headers, tablefmt="github", disable_numparse=True), ""]
+    race = worth_racing(rows)
+    if race:
+        names = ", ".join(["single", *dict.fromkeys(r.strategy for r in race)])
+        lines.append(f'Worth racing: {", ".join(r.label for r in race)} (`--set "strategies=[{names}]"`).')
+    elif rows:
+        closest = max(rows, key=lambda r: r.vs_alone[1])
+        lines.append(
+            f"No row is predicted to beat {best.name} alone: train there. The closest, to confirm it by a "
+            f'race: {closest.label} (`--set "strategies=[single, {closest.strategy}]"`).'
+        )
+    lines += [
+        "",
+        "Predictions, not measurements: each strategy at its floor (what it spends beyond the floor is not "
+        "known before it runs); the ranges go from the alone timings' slowest to their fastest.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def fmt_ms(seconds: float | None) -> str:
+    return "failed" if seconds is None else f"{seconds * 1e3:.0f} ms"

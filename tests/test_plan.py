@@ -1,0 +1,119 @@
+"""`hetbench plan`: the predictions' arithmetic against hand-made measurements, then the command on the
+session's cluster."""
+
+import pytest
+
+from helpers import sets, small_config
+from hetbench import plan
+from hetbench.clock import median
+from hetbench.errors import UserError
+from hetbench.plan import Alone, Measured, predict, step_rate, worth_racing
+
+ALL = "strategies=[single, ray-ps, ray-ps-async, ray-train, dask-sync, ray-localsgd, torch-ddp]"
+PAIR = "workers=[{name: desk}, {name: mac, slowdown: 3.0}]"
+
+
+def desk_and_mac(mac_times: float = 3.0, allreduce_s: float = 0.05, roundtrip_s: float = 0.1) -> Measured:
+    """A desk taking 20 ms a step plus 1 ms a sample, a mac `mac_times` as long, the CNN's bytes."""
+    desk = Alone("desk", 64, 256, (0.083, 0.085, 0.084), (0.275, 0.277, 0.276))
+    mac = Alone("mac", 64, 256, tuple(t * mac_times for t in desk.small_s), tuple(t * mac_times for t in desk.large_s))
+    return Measured((desk, mac), allreduce_s, roundtrip_s, 1_199_882 * 4)
+
+
+def config(tmp_path, *overrides):
+    return small_config(
+        tmp_path, ALL, PAIR, "batch_size=256", "balance=[equal, auto]", "standalone_steps=2", *overrides
+    )
+
+
+def test_a_step_alone_is_the_line_through_the_two_batches():
+    desk = desk_and_mac().alone[0]
+    assert desk.step_s(256) == pytest.approx(0.276) and desk.step_s(64) == pytest.approx(0.084)
+    assert desk.fixed_s() == pytest.approx(0.020) and desk.step_s(128) == pytest.approx(0.148)
+    assert desk.step_s(256, min) == pytest.approx(0.275) and desk.step_s(256, max) == pytest.approx(0.277)
+    only_large = Alone("desk", 64, 256, (), (0.276,))  # the budget cut the small batch: no fixed cost
+    assert only_large.step_s(128) == pytest.approx(0.138)
+
+
+def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_path):
+    measured = desk_and_mac()
+    rows = {r.label: r for r in predict(config(tmp_path), measured)}
+    assert "single" not in rows and len(rows) == 12  # six strategies, two splits each
+    desk, mac = measured.alone
+    equal = rows["torch-ddp [equal]"]
+    assert equal.split == (128, 128) and equal.compute_s == pytest.approx(mac.step_s(128))
+    assert equal.samples_per_s[1] == pytest.approx(256 / (mac.step_s(128) + 0.05))
+    assert equal.vs_alone[1] == pytest.approx(equal.samples_per_s[1] / (256 / desk.step_s(256)))
+    assert equal.verdict.startswith("will not pay: the slowest share takes")
+    # auto splits by the speeds alone; the parameter server moves the model twice a step
+    auto = rows["ray-ps [auto]"]
+    assert auto.split == (192, 64) and auto.sync_s == pytest.approx(0.1)
+    assert auto.samples_per_s[1] == pytest.approx(256 / (max(desk.step_s(192), mac.step_s(64)) + 0.1))
+    low, mid, high = auto.samples_per_s
+    assert low < mid < high  # from the timings' slowest to their fastest
+    # local SGD moves it twice a round of sync_every (8) steps
+    assert rows["ray-localsgd [auto]"].sync_s == pytest.approx(2 * 0.05 / 8)
+    # asynchronous: each worker at its own pace, a round trip after each of its steps
+    expected = 192 / (desk.step_s(192) + 0.1) + 64 / (mac.step_s(64) + 0.1)
+    assert rows["ray-ps-async [auto]"].samples_per_s[1] == pytest.approx(expected)
+    assert "stale" in rows["ray-ps-async [auto]"].note
+
+
+def test_the_verdict_says_which_pays_and_why_one_does_not(tmp_path):
+    cfg = config(tmp_path)
+    even = {r.label: r for r in predict(cfg, desk_and_mac(mac_times=1.0, allreduce_s=0.005))}
+    assert even["torch-ddp [auto]"].verdict == "likely pays"  # two equal machines, a fast link: ~1.8x
+    race = worth_racing(list(even.values()))  # the two predicted fastest synchronous strategies, a row each
+    assert len(race) == 2 and race[0].strategy != race[1].strategy and race[0].vs_alone[1] >= race[1].vs_alone[1]
+    synchronous = [r for r in even.values() if r.synchronous and r.strategy not in {x.strategy for x in race}]
+    assert all(r.vs_alone[1] <= race[1].vs_alone[1] for r in synchronous) and all(r.synchronous for r in race)
+    assert not even["ray-ps-async [auto]"].synchronous and not even["ray-localsgd [auto]"].synchronous
+    slow_link = {r.label: r for r in predict(cfg, desk_and_mac(mac_times=1.0, allreduce_s=1.0, roundtrip_s=1.0))}
+    assert slow_link["torch-ddp [auto]"].verdict.startswith("will not pay: the all-reduce of 4.8 MB takes 1000 ms")
+    assert slow_link["ray-ps [auto]"].verdict.startswith("will not pay: the 2 transfers of 4.8 MB take 2000 ms")
+    assert slow_link["ray-ps-async [auto]"].verdict.startswith("will not pay: each step waits 1000 ms for the 4.8 MB")
+    assert worth_racing(list(slow_link.values())) == []
+
+
+def test_what_would_turn_a_row_around(tmp_path):
+    cfg = config(tmp_path)
+    measured = desk_and_mac(mac_times=1.0, allreduce_s=1.0)
+    rows = {r.label: r for r in predict(cfg, measured)}
+    note = rows["ray-localsgd [auto]"].note
+    every = int(note.rsplit(" ", 1)[1])
+    alone = 256 / measured.alone[0].step_s(256)
+    split = list(rows["ray-localsgd [auto]"].split)
+    assert step_rate(measured, split, 2 / every, 4, median) > alone
+    assert every == 1 or step_rate(measured, split, 2 / (every - 1), 4, median) <= alone
+    ddp = rows["torch-ddp [auto]"].note
+    assert ddp.startswith("bfloat16 wire: ") and "PowerSGD rank 4: " in ddp
+    # a slower machine whose share alone takes longer than the whole batch on the best: no interval helps
+    lopsided = {r.label: r for r in predict(cfg, desk_and_mac(mac_times=3.0, allreduce_s=1.0))}
+    assert lopsided["ray-localsgd [equal]"].note.startswith("no sync_every beats the best alone")
+
+
+def test_plan_needs_two_machines(tmp_path):
+    with pytest.raises(UserError, match="two workers or more"):
+        plan.plan(small_config(tmp_path))
+
+
+def test_plan_measures_on_the_cluster_and_answers_in_the_race_s_words(cli, tmp_path, shared_cluster):
+    workers = "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3.0}]"
+    settings = [ALL, workers, "batch_size=64", "balance=[auto]", "plan.steps=2", "floor.iterations=3"]
+    settings += ["download=false", *shared_cluster.overrides]
+    result = cli("plan", "-c", "benchmarks/configs/quick.yaml", *sets(*settings), "--results-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert out.startswith("# Plan: quick (mnist-cnn, global batch 64)") and "all-reduce of 4.8 MB " in out
+    assert "failed" not in out and "desk " in out and "mac " in out
+    for name in ("ray-ps", "ray-ps-async", "ray-train", "dask-sync", "ray-localsgd", "torch-ddp"):
+        assert f"| {name} [auto] " in out
+    assert "Worth racing: " in out or "No row is predicted to beat " in out
+    assert (tmp_path / "quick-plan.md").read_text().strip() == out.strip()
+
+
+def test_plan_refuses_bad_settings_in_one_sentence(cli):
+    from helpers import assert_one_line_error
+
+    result = cli("plan", "-c", "benchmarks/configs/quick.yaml", "--set", "plan.seconds=0")
+    assert_one_line_error(result, "'plan.seconds' and 'plan.steps' must be positive")
