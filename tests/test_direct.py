@@ -1,6 +1,7 @@
 """ray-ps's direct channel on loopback: tagged buffers both ways, stale ones dropped, strangers refused."""
 
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -161,6 +162,17 @@ def test_an_unreachable_server_is_none_not_an_error():
     assert Channel.connect(address, b"", timeout_s=1) is None
 
 
+def given_back(outbox, timeout_s: float = 10.0) -> bool:
+    """Whether every buffer the outbox posted came back free within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with outbox.lock:
+            if sum(len(free) for free in outbox.free.values()) == outbox.made:
+                return True
+        time.sleep(0.001)
+    return False
+
+
 def test_an_outbox_posts_what_its_source_held_and_reuses_each_buffer_once_every_channel_sent_it():
     from hetbench.transport.outbox import Outbox
 
@@ -175,6 +187,7 @@ def test_an_outbox_posts_what_its_source_held_and_reuses_each_buffer_once_every_
             weights += 1  # the master weights move on at once: what was posted does not
             for worker in workers:
                 assert worker.receive(version)[:2].tolist() == [version - 1, version]
+            assert given_back(outbox)  # a receiver can have it before the sender's thread calls back
         assert outbox.made == 1  # a steady stream of posts, sent before the next: one buffer in all
         part = weights[10:20]
         outbox.post([ends["a"]], 4, part, "bfloat16", offset=10)  # a part, in another dtype: its own buffer
