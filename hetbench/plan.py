@@ -1,38 +1,28 @@
-"""`hetbench plan`: every row of a config predicted from a short measurement, before any race.
+"""`hetbench plan`'s arithmetic: every row of a config predicted from a short measurement.
 
-It measures on the race's own cluster what the race's arithmetic needs: each worker training alone
-at two global batches (a step's fixed cost and its cost per sample, on that device), and the two
-floors over the real link. From those and each strategy's pattern it predicts each row's samples/s:
-a synchronous step waits for the slowest share, then moves the model `floor_transfers` times at the
-floor's all-reduce time (local SGD: once a round of `sync_every` steps); an asynchronous worker runs
-at its own pace, its gradient up and its weights down each step (the ps-floor's round trip). What a
-strategy spends beyond its floor is not known before it runs, so each prediction is its pattern at
-the floor: the race's measured rows say how far each strategy falls short of it.
+What it predicts from (runner.plan measures it on the race's own cluster, and `hetbench run` the
+same at its start): each worker training alone at two global batches (a step's fixed cost and its
+cost per sample, on that device), and the two floors over the real link. From those and each
+strategy's pattern: a synchronous step waits for the slowest share, then moves the model
+`floor_transfers` times at the floor's all-reduce time (local SGD: once a round of `sync_every`
+steps); an asynchronous worker runs at its own pace, its gradient up and its weights down each
+step (the ps-floor's round trip). What a strategy spends beyond its floor is not known before it
+runs, so each prediction is its pattern at the floor: the race's rows record how far each is off.
 """
 
 from __future__ import annotations
 
-import logging
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tabulate import tabulate
 
-from hetbench.clock import median, now
-from hetbench.cluster.joined import wait_for_workers
-from hetbench.cluster.multinode import cluster_for_run
-from hetbench.cluster.ray_connection import ray_kept_for_the_run
+from hetbench.clock import median
 from hetbench.config import Config
-from hetbench.errors import UserError
-from hetbench.floor import measure_floor
 from hetbench.gradients import WIRE_DTYPES, powersgd_fraction
-from hetbench.runner import open_ray
-from hetbench.scenarios import balanced, planned, reference_first
-from hetbench.standalone import measure_standalone
+from hetbench.scenarios import balanced, planned
 from hetbench.strategies import registry
 from hetbench.workload import load_workload
-
-log = logging.getLogger(__name__)
 
 SMALL = 4  # the second batch: the global batch / SMALL (a step's fixed cost is the line through the two)
 CLEAR = 1.05  # a row pays (or not) "likely" only where its whole range is this far past the best alone
@@ -99,7 +89,13 @@ PICKS = (max, median, min)  # each timing's slowest, median and fastest seconds:
 def best_alone(measured: Measured, batch: int) -> tuple[Alone, tuple[float, float, float]]:
     """The fastest worker alone at `batch` (by median), and its samples/s at each pick."""
     best = min(measured.alone, key=lambda a: a.step_s(batch))
-    return best, tuple(batch / best.step_s(batch, pick) for pick in PICKS)
+    return best, spread([batch / best.step_s(batch, pick) for pick in PICKS])
+
+
+def spread(figures: list[float]) -> tuple[float, float, float]:
+    """(lowest, the median timings', highest): a line through two batches' slowest timings need not be
+    the slowest at every batch, so the range is the extremes of the three."""
+    return min(figures), figures[1], max(figures)
 
 
 def step_rate(measured: Measured, split: list[int], transfers: float | None, width: int, pick) -> float:
@@ -113,40 +109,44 @@ def step_rate(measured: Measured, split: list[int], transfers: float | None, wid
 
 
 def predict(cfg: Config, measured: Measured) -> list[RowPlan]:
-    """Every distributed row of `cfg` predicted from `measured` (the baseline is the best alone)."""
-    batch = cfg.run.batch_size
-    best, alone = best_alone(measured, batch)
-    speeds = {a.name: batch / a.step_s(batch) for a in measured.alone}
+    """Every distributed row of `cfg` predicted from `measured`, split as the race would split it
+    (`auto` by the speeds measured alone); the baseline is the best alone. A row with no link to
+    cross, or whose floor failed, has none."""
+    speeds = {a.name: cfg.run.batch_size / a.step_s(cfg.run.batch_size) for a in measured.alone}
     rows = []
     for scenario in planned(cfg):
-        if scenario.strategy == registry.BASELINE:
-            continue
-        strategy = registry.load(scenario.strategy)(cfg.job(scenario.strategy))
-        split = [w.batch for w in balanced(cfg, scenario.balance, speeds).workers]
-        transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
-        if transfers is None and strategy.synchronous:
-            continue  # no link crossed (nothing to predict it by)
-        if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
-            continue  # its floor failed: markdown says so
-        rates = tuple(step_rate(measured, split, transfers, width, pick) for pick in PICKS)
-        vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
-        compute = max(a.step_s(b) for a, b in zip(measured.alone, split))
-        sync = (transfers or 0.0) * width / 4 * (measured.allreduce_s or 0.0)
-        rows.append(
-            RowPlan(
-                scenario.strategy,
-                scenario.balance,
-                tuple(split),
-                compute,
-                sync,
-                rates,
-                vs,
-                verdict(vs, compute, sync, transfers, measured, best, batch),
-                note(cfg, strategy, measured, split, alone[1], batch),
-                strategy.synchronous,
-            )
-        )
-    return rows
+        if scenario.strategy != registry.BASELINE:
+            split = [w.batch for w in balanced(cfg, scenario.balance, speeds).workers]
+            rows.append(predict_row(cfg, measured, scenario.strategy, scenario.balance, split))
+    return [r for r in rows if r]
+
+
+def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None, split: list[int]) -> RowPlan | None:
+    """Strategy `name`'s row at `split` (each worker's batch, in measured.alone's order)."""
+    batch = sum(split)
+    best, alone = best_alone(measured, batch)
+    strategy = registry.load(name)(cfg.job(name))
+    transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
+    if transfers is None and strategy.synchronous:
+        return None  # no link crossed (nothing to predict it by)
+    if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
+        return None  # its floor failed: markdown says so
+    rates = spread([step_rate(measured, split, transfers, width, pick) for pick in PICKS])
+    vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
+    compute = max(a.step_s(b) for a, b in zip(measured.alone, split))
+    sync = (transfers or 0.0) * width / 4 * (measured.allreduce_s or 0.0)
+    return RowPlan(
+        name,
+        balance,
+        tuple(split),
+        compute,
+        sync,
+        rates,
+        vs,
+        verdict(vs, compute, sync, transfers, measured, best, batch),
+        note(cfg, strategy, measured, split, alone[1], batch),
+        strategy.synchronous,
+    )
 
 
 def verdict(vs, compute: float, sync: float, transfers, measured: Measured, best: Alone, batch: int) -> str:
@@ -209,61 +209,6 @@ def worth_racing(rows: list[RowPlan], n: int = 2) -> list[RowPlan]:
     for row in sorted(hopeful, key=lambda r: (not r.synchronous, -r.vs_alone[1])):
         best.setdefault(row.strategy, row)
     return list(best.values())[:n]
-
-
-def measure(cfg: Config) -> Measured:
-    """Each worker alone at the global batch and a quarter of it, then the floors, on the race's own
-    cluster (Ray started once, as a race does); within plan.seconds where it can be."""
-    workload = load_workload(cfg.run)
-    workload.preflight()
-    started, cut = now(), []
-    budget = cfg.plan.seconds
-    large, small = cfg.run.batch_size, max(cfg.run.batch_size // SMALL, 1)
-    with (
-        cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster),
-        ray_kept_for_the_run(),
-    ):
-        workers = wait_for_workers(joined, cfg.workers, cluster and cluster.check_alive)
-        on = replace(cfg, cluster=joined, workers=workers)
-        open_ray(on)
-
-        def timed(batch: int) -> dict[str, list[float]]:
-            job = on.job()
-            job = replace(job, run=replace(job.run, batch_size=batch, standalone_steps=cfg.plan.steps))
-            return {name: [batch / rate for rate in rates] for name, rates in measure_standalone(job).items()}
-
-        at_large = timed(large)
-        at_small = {}
-        if (now() - started) * (1 + 1 / SMALL) < budget:  # the small batch costs about a quarter as much
-            at_small = timed(small)
-        else:
-            cut.append(f"the batch of {small} (a step's fixed cost taken as zero)")
-        alone = tuple(
-            Alone(w.name, small, large, tuple(at_small.get(w.name, ())), tuple(at_large[w.name])) for w in workers
-        )
-        floor = on.floor
-        if now() - started > budget * 3 / 4:  # a floor's timed transfers cut to the fewest that still say much
-            floor = replace(floor, iterations=min(floor.iterations, 5))
-            cut.append(f"the floors to {floor.iterations} transfers each")
-        speeds = {a.name: large / a.step_s(large) for a in alone}
-        first, _ = reference_first(on, speeds)
-        allreduce, roundtrip = measure_floor(floor, first.cluster, first.workers, cfg.link, workload.parameters)
-    return Measured(
-        alone,
-        allreduce.get("allreduce_s"),
-        roundtrip.get("roundtrip_s"),
-        workload.parameters * 4,
-        now() - started,
-        "; ".join(cut),
-    )
-
-
-def plan(cfg: Config) -> str:
-    """`hetbench plan`: measure, predict every row, and say it in the race's words (Markdown)."""
-    if len(cfg.workers) < 2:
-        raise UserError("hetbench plan compares machines: give the config two workers or more")
-    measured = measure(cfg)
-    return markdown(cfg, measured, predict(cfg, measured))
 
 
 def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:

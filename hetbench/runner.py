@@ -17,12 +17,14 @@ from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.place import place
 from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import Config, WorkerConfig, from_dict
-from hetbench.errors import RunFailed
+from hetbench.errors import RunFailed, UserError
 from hetbench.floor import FLOOR_NAME, FLOORS, measure_floor
+from hetbench.plan import SMALL, Alone, Measured, predict, predict_row
+from hetbench.plan import markdown as plan_markdown
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.output import RunOutput, reopened
-from hetbench.results.record import FloorRecord, Record, Reference, RowRecord, from_json
+from hetbench.results.record import FloorRecord, Planned, Record, Reference, RowRecord, from_json
 from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
 from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
@@ -200,6 +202,82 @@ def run_floors(cfg: Config, env: dict) -> list[FloorRecord]:
     return [from_json({"strategy": name, **base, "status": "ok", **f}) for name, f in zip(FLOORS, figures)]
 
 
+def alone_at_two_batches(
+    on: Config, room_s: float | None = None
+) -> tuple[dict[str, list[float]], tuple[Alone, ...], str]:
+    """Each worker alone at the global batch (A B B A: samples/s, as `auto` splits by them), then at
+    a quarter of it, unless that would pass `room_s` seconds; as plan.Alone too, and what was cut."""
+    started, large = now(), on.run.batch_size
+    small = max(large // SMALL, 1)
+    at_large = measure_standalone(on.job())
+    at_small, cut = {}, ""
+    if room_s is None or (now() - started) * (1 + 1 / SMALL) < room_s:  # a quarter batch costs about a quarter
+        job = on.job()
+        at_small = measure_standalone(replace(job, run=replace(job.run, batch_size=small)))
+    else:
+        cut = f"the batch of {small} (a step's fixed cost taken as zero)"
+    alone = tuple(
+        Alone(
+            w.name,
+            small,
+            large,
+            tuple(small / rate for rate in at_small.get(w.name, ())),
+            tuple(large / rate for rate in at_large[w.name]),
+        )
+        for w in on.workers
+    )
+    return at_large, alone, cut
+
+
+def plan(cfg: Config) -> str:
+    """`hetbench plan`: the race's cluster and processes started as `run` starts them, each worker timed
+    alone at two batches and the floors measured (within plan.seconds where it can be), then every
+    row predicted (plan.py); Markdown."""
+    if len(cfg.workers) < 2:
+        raise UserError("hetbench plan compares machines: give the config two workers or more")
+    workload = load_workload(cfg.run)
+    workload.preflight()
+    started, budget = now(), cfg.plan.seconds
+    with (
+        cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster),
+        ray_kept_for_the_run(),
+    ):
+        workers = wait_for_workers(joined, cfg.workers, cluster and cluster.check_alive)
+        on = replace(cfg, cluster=joined, workers=workers)
+        open_ray(on)
+        on = replace(on, run=replace(on.run, standalone_steps=cfg.plan.steps))
+        rates, alone, cut = alone_at_two_batches(on, budget - (now() - started))
+        floor = on.floor
+        if now() - started > budget * 3 / 4:  # the floors cut to the fewest transfers that still say much
+            floor = replace(floor, iterations=min(floor.iterations, 5))
+            cut = "; ".join(filter(None, [cut, f"the floors to {floor.iterations} transfers each"]))
+        first, _ = reference_first(on, speeds(rates))
+        allreduce, roundtrip = measure_floor(floor, first.cluster, first.workers, cfg.link, workload.parameters)
+    seconds = now() - started
+    measured = Measured(alone, allreduce.get("allreduce_s"), roundtrip.get("roundtrip_s"), workload.parameters * 4)
+    return plan_markdown(cfg, replace(measured, seconds=seconds, cut=cut), predict(cfg, measured))
+
+
+def planned_rows(cfg: Config, alone: tuple[Alone, ...], floors: list[FloorRecord], records: list[Record]):
+    """The run's row records that the plan predicts, each with its prediction (plan.check): from the
+    alone timings at the run's start and its floors, at the row's last split."""
+    allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
+    measured = Measured(alone, allreduce, roundtrip, floors[0].bytes or 0)
+    for record in records:
+        if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
+            continue
+        batches = {w.name: w.batch for w in record.workers}
+        lost = any(w.lost_at_step is not None for w in record.workers)
+        if lost or set(batches) != {a.name for a in alone} or None in batches.values():
+            continue  # a worker lost to a fault: not the pattern the plan predicts
+        row = predict_row(cfg, measured, record.strategy, record.balance, [batches[a.name] for a in alone])
+        if row:
+            yield (
+                record,
+                replace(record, plan=Planned(row.samples_per_s[1], row.samples_per_s[0], row.samples_per_s[2])),
+            )
+
+
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
     """Run every planned row, then the floor; a failed row is recorded with its reason and the run goes
     on (RunFailed at the end says so). Interrupted or refused, the records so far are kept.
@@ -226,8 +304,13 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             cluster_cfg = replace(cfg, cluster=joined, workers=workers)
             ray_startup_s = open_ray(cluster_cfg)
             brackets = Brackets(cluster_cfg.job(), wants_standalone(cluster_cfg))
+            planning = None  # the plan's alone timings (plan.check), made in this process
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
-                standalone = speeds(measure_standalone(cluster_cfg.job()))
+                if cfg.plan.check:
+                    rates, planning, _ = alone_at_two_batches(cluster_cfg)
+                else:
+                    rates = measure_standalone(cluster_cfg.job())
+                standalone = speeds(rates)
                 out.save_run(cfg.as_dict(), standalone)
             rows = [RowRun.planned(s, cluster_cfg, standalone, env, out) for s in planned(cluster_cfg)]
             for row in rows:
@@ -269,8 +352,11 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             if line := alone(out.records).strip():
                 log.info(line)
             if cfg.floor.enabled and not record_of(out.records, Scenario(FLOOR_NAME, None)):
-                for record in run_floors(reference_first(cluster_cfg, standalone)[0], env):  # from the reference's node
+                floors = run_floors(reference_first(cluster_cfg, standalone)[0], env)  # from the reference's node
+                for record in floors:
                     out.add(record)
+                for record, predicted in planned_rows(cluster_cfg, planning, floors, out.records) if planning else ():
+                    out.add(predicted, replacing=record)
     finally:
         out.close()
     print(markdown(out.records))

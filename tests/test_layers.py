@@ -20,9 +20,9 @@ LAYERS = [
     {"transport", "cluster"},
     {"strategies", "floor", "standalone"},
     {"scenarios"},
+    {"plan"},
     {"results"},
     {"runner"},
-    {"plan"},
     {"cli", "__main__"},
 ]
 

@@ -4,7 +4,7 @@ session's cluster."""
 import pytest
 
 from helpers import sets, small_config
-from hetbench import plan
+from hetbench import runner
 from hetbench.clock import median
 from hetbench.errors import UserError
 from hetbench.plan import Alone, Measured, predict, step_rate, worth_racing
@@ -94,7 +94,7 @@ def test_what_would_turn_a_row_around(tmp_path):
 
 def test_plan_needs_two_machines(tmp_path):
     with pytest.raises(UserError, match="two workers or more"):
-        plan.plan(small_config(tmp_path))
+        runner.plan(small_config(tmp_path))
 
 
 def test_plan_measures_on_the_cluster_and_answers_in_the_race_s_words(cli, tmp_path, shared_cluster):
@@ -117,3 +117,32 @@ def test_plan_refuses_bad_settings_in_one_sentence(cli):
 
     result = cli("plan", "-c", "benchmarks/configs/quick.yaml", "--set", "plan.seconds=0")
     assert_one_line_error(result, "'plan.seconds' and 'plan.steps' must be positive")
+
+
+def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_path, shared_cluster):
+    import json
+
+    workers = "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3.0}]"
+    settings = ["strategies=[single, torch-ddp, ray-ps]", workers, "batch_size=64", "balance=[auto]"]
+    settings += ["steps=4", "warmup_steps=1", "repeats=1", "standalone_steps=2", "floor.iterations=3"]
+    settings += ["eval_every=100", "fine_eval_every=0", "download=false", "test_samples=300", "eval_samples=300"]
+    result = cli(
+        "run",
+        "-c",
+        "benchmarks/configs/quick.yaml",
+        *sets(*settings, *shared_cluster.overrides),
+        "--results-dir",
+        str(tmp_path),
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (raw,) = (tmp_path / "raw").glob("*-quick-*.json")
+    records = {r["strategy"]: r for r in json.loads(raw.read_text())}
+    assert records["single"].get("plan") is None  # the baseline is the plan's best alone, not a prediction
+    for name in ("torch-ddp", "ray-ps"):
+        plan = records[name]["plan"]
+        assert 0 < plan["low"] <= plan["samples_per_s"] <= plan["high"]
+    ddp = next(line for line in result.stdout.splitlines() if line.startswith("| torch-ddp"))
+    single = records["single"]["samples_per_s"]
+    assert f"({records['torch-ddp']['plan']['samples_per_s'] / single:.2f}x)" in ddp  # beside vs baseline
+    said = "The plan, from this run's timings before any row, against measured: torch-ddp [auto] "
+    assert said in (tmp_path / "quick.md").read_text()  # the what-if's check of its model

@@ -98,6 +98,11 @@ def _cv(row: Row):
     return row.ran.samples_per_s_cv if row.ran else row.record.cv
 
 
+def _plan_vs_baseline(row: Row) -> float | None:
+    plan, base = row.ran and row.ran.plan, row.baseline and row.baseline.samples_per_s
+    return plan.samples_per_s / base if plan and base else None
+
+
 def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | None]) -> list[Column]:
     """Every column in order; `workers` and `balance` write those two cells (report.py owns them)."""
     return [
@@ -134,7 +139,21 @@ def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | 
             _vs_baseline,
             "ratio",
             narrow=True,
+            beside="plan",
             legend="samples/s over the best machine alone (the single row)",
+        ),
+        Column(
+            "plan",
+            _plan_vs_baseline,
+            "ratio",
+            legend="what `hetbench plan` predicted for the row, over the same single row: from this run's own "
+            "timings before any row (each worker alone at the global batch and a quarter of it) and its floors, "
+            "at the strategy's floor (plan.check)",
+        ),
+        Column(
+            "plan samples/s",
+            lambda row: row.ran and row.ran.plan and row.ran.plan.samples_per_s,
+            legend="that prediction in samples/s (its range: the record's plan.low to plan.high)",
         ),
         Column(
             "scaling eff",

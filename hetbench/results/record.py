@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 
 from hetbench.clock import median
-from hetbench.config import RENAMED
+from hetbench.config import RENAMED, SECTIONS
 from hetbench.floor import FLOOR_NAME, FLOORS
 from hetbench.training import CurvePoint
 from hetbench.workload import WorkloadFacts
@@ -65,7 +65,7 @@ class Settings:
             strategies={
                 RENAMED.get(name, name): StrategySettings(**_known(StrategySettings, own))
                 for name, own in config.items()
-                if isinstance(own, dict) and name not in ("link", "floor", "cluster")
+                if isinstance(own, dict) and name not in SECTIONS
             },
         )
 
@@ -162,6 +162,16 @@ class AloneTimings:
 
 
 @dataclass(frozen=True)
+class Planned:
+    """The row as `hetbench plan` predicts it (plan.py), from the same run's alone timings (before any
+    row) and floors: samples/s at the strategy's floor, from the timings' slowest to their fastest."""
+
+    samples_per_s: float
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
 class RowRecord:
     """One strategy row of a run (rows.strategy_row): ok, failed or skipped."""
 
@@ -202,6 +212,7 @@ class RowRecord:
     reference: Reference | None = None
     run_order: list[int] = field(default_factory=list)  # its place in each pass of the run (runner.py), 1 the first
     events: list[dict] = field(default_factory=list)  # what happened during the row (rebalanced, lost, ...)
+    plan: Planned | None = None  # the plan's prediction of it (plan.check); None: not predicted
     extras: dict = field(default_factory=dict)  # a strategy's own figures and the row's notes, kept as is
 
     @property
@@ -436,6 +447,7 @@ def _row(data: dict) -> RowRecord:
         "env": Env.from_json(data.get("env")),
         "workers": tuple(Worker.from_json(w) for w in data.get("workers") or []),
         "step": Step(**_known(Step, data["step"])) if data.get("step") else None,
+        "plan": Planned(**_known(Planned, data["plan"])) if data.get("plan") else None,
         "accuracy_curve": tuple(CurvePoint(**_known(CurvePoint, p)) for p in data.get("accuracy_curve") or []),
         "standalone_timings": _timings(data["standalone_timings"]) if data.get("standalone_timings") else None,
         "reference": Reference(**_known(Reference, data["reference"])) if data.get("reference") else None,

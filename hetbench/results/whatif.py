@@ -53,11 +53,15 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
         guess = predicted(r, floor, batch, None) if batch and r.samples_per_s else None
         if guess:
             checks.append(f"{label(r)} {_error(guess, r.samples_per_s)}")
-    return (
+    said = (
         f"The model on this run's own link and batch, predicted against measured: {', '.join(checks)}."
         if checks
         else ""
     )
+    planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}" for r in records if r.plan]
+    if planned:  # the same arithmetic before any row ran: each strategy at its floor, nothing of its own measured
+        said += f" The plan, from this run's timings before any row, against measured: {', '.join(planned)}."
+    return said.strip()
 
 
 def whatif(records: list[Record]) -> str:
