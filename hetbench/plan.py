@@ -98,14 +98,24 @@ def spread(figures: list[float]) -> tuple[float, float, float]:
     return min(figures), figures[1], max(figures)
 
 
+def slowest_s(measured: Measured, split: list[int], pick=median) -> float:
+    """The slowest share's step alone at `split`: what a synchronous step waits for before its sync."""
+    return max(a.step_s(b, pick) for a, b in zip(measured.alone, split))
+
+
+def link_s(measured: Measured, transfers: float, width: int) -> float:
+    """A step's time on the link at the floor: `transfers` all-reduces of the model, in a wire dtype of
+    `width` bytes."""
+    return transfers * width / 4 * (measured.allreduce_s or 0.0)
+
+
 def step_rate(measured: Measured, split: list[int], transfers: float | None, width: int, pick) -> float:
     """Samples/s of a step at `split`: synchronous (`transfers` floor all-reduces a step, in a wire
     dtype of `width` bytes), or asynchronous where `transfers` is None."""
-    times = [a.step_s(b, pick) for a, b in zip(measured.alone, split)]
     if transfers is None:  # each worker at its own pace, a round trip to the server after each step
         trip = (measured.roundtrip_s or 0.0) * width / 4
-        return sum(b / (t + trip) for b, t in zip(split, times) if b)
-    return sum(split) / (max(times) + transfers * width / 4 * (measured.allreduce_s or 0.0))
+        return sum(b / (a.step_s(b, pick) + trip) for a, b in zip(measured.alone, split) if b)
+    return sum(split) / (slowest_s(measured, split, pick) + link_s(measured, transfers, width))
 
 
 def predict(cfg: Config, measured: Measured) -> list[RowPlan]:
@@ -133,8 +143,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         return None  # its floor failed: markdown says so
     rates = spread([step_rate(measured, split, transfers, width, pick) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
-    compute = max(a.step_s(b) for a, b in zip(measured.alone, split))
-    sync = (transfers or 0.0) * width / 4 * (measured.allreduce_s or 0.0)
+    compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
     return RowPlan(
         name,
         balance,
@@ -191,10 +200,9 @@ def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: flo
 
 def sync_interval_note(measured: Measured, split: list[int], alone: float, batch: int, strategy) -> str:
     """The smallest sync_every at which a round of local steps beats the best alone."""
-    compute = max(a.step_s(b) for a, b in zip(measured.alone, split))
     width = WIRE_DTYPES[strategy.wire_dtype].itemsize
-    per_round = strategy.floor_transfers * strategy.exchange_every * width / 4 * (measured.allreduce_s or 0.0)
-    spare = batch / alone - compute  # what a step may spend on the link and still beat the best alone
+    per_round = link_s(measured, strategy.floor_transfers * strategy.exchange_every, width)
+    spare = batch / alone - slowest_s(measured, split)  # what a step may spend on the link and still beat alone
     if spare <= 0:
         return "no sync_every beats the best alone: its slowest share alone takes longer than the whole batch there"
     every = max(1, math.floor(per_round / spare) + 1)
