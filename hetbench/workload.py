@@ -139,8 +139,13 @@ def build_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
     return optimizers[name]()
 
 
+EVAL_BATCH = 64  # the driver's evaluation batch: a batch's activations stay in the CPU's caches. At
+# 1,000 a check took 2.2x as long for the CNN (0.80 s against 0.36 s for 2,000 images on this host's 2
+# cores) and 2.5x for the ResNet, a quarter of local.yaml's run; the scores are the same to the bit
+
+
 @torch.inference_mode()
-def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch: int = 1000) -> float:
+def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch: int = EVAL_BATCH) -> float:
     model.eval()
     correct = 0
     for start in range(0, len(labels), batch):
