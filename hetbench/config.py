@@ -148,12 +148,22 @@ class RunConfig:
     fine_eval_every: int = setting(
         2, "near the target, not yet reached: a check every N steps (time to target's resolution); 0 = off"
     )
-    fine_eval_within: float = setting(0.2, "near the target: the last check within this much accuracy below it")
+    fine_eval_within: float = setting(
+        0.2, "near the target: the last check within this much accuracy below it (a test loss: this fraction above it)"
+    )
     eval_samples: int = setting(2000, "test images for those checks")
     test_samples: int = setting(0, "test images for the final accuracy (0 = the whole split)")
     target_accuracy: float = setting(0.9, "for time-to-target")
     accuracy_tolerance: float = setting(
         0.005, "the verdict recommends a row only if it ends within this much of the best machine alone's test accuracy"
+    )
+    target_loss: float = setting(
+        0.0,
+        "time-to-target for a workload whose labels are not class indices: its test loss to train to (it needs one)",
+    )
+    loss_tolerance: float = setting(
+        0.02,
+        "as accuracy_tolerance, for such a workload: a row may end this fraction above the best machine alone's loss",
     )
     workload: str = setting(
         "mnist-cnn",
@@ -609,8 +619,11 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"config key 'dropout' must be in [0, 1), got {run.dropout}")
     if run.lr <= 0 or not 0 < run.target_accuracy <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
-    if not 0 <= run.accuracy_tolerance < 1:
-        raise UserError(f"config key 'accuracy_tolerance' must be in [0, 1), got {run.accuracy_tolerance}")
+    for key in ("accuracy_tolerance", "loss_tolerance"):
+        if not 0 <= getattr(run, key) < 1:
+            raise UserError(f"config key '{key}' must be in [0, 1), got {getattr(run, key)}")
+    if run.target_loss < 0:
+        raise UserError(f"config key 'target_loss' must not be negative, got {run.target_loss}")
     if not 0 <= run.fine_eval_within <= 1:
         raise UserError(f"config key 'fine_eval_within' must be in [0, 1], got {run.fine_eval_within}")
     if cfg.link.rate is not None and not RATE.match(cfg.link.rate):

@@ -44,7 +44,7 @@ class Split:
     """One split of a workload's data as every worker stores it: MNIST's, or a user workload's."""
 
     inputs: np.ndarray  # one row per sample, as stored (MNIST: uint8 [N, 28, 28])
-    labels: np.ndarray  # int64 [N]
+    labels: np.ndarray  # class indices, int64 [N]; or a user workload's targets, float [N, ...]
     source: str
 
     def tensors(self, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:

@@ -115,7 +115,7 @@ def run_repeat(
         cls = registry.load(name)
     except ImportError as e:
         return replace(row.base, status="skipped", reason=str(e))
-    strategy, schedule = cls(cfg.job(name)), Schedule.of(cfg.run)
+    strategy, schedule = cls(cfg.job(name)), Schedule.of(cfg.run, load_workload(cfg.run).metric)
     faults = faults_for(cls, cfg) if r == 0 else ()  # the first repeat's: each fault once a row
     try:
         started = now()
@@ -236,7 +236,7 @@ def plan(cfg: Config) -> str:
     if len(cfg.workers) < 2:
         raise UserError("hetbench plan compares machines: give the config two workers or more")
     workload = load_workload(cfg.run)
-    workload.preflight()
+    workload.preflight(cfg.run)
     started, budget = now(), cfg.plan.seconds
     with (
         cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster),
@@ -288,7 +288,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
     env = environment()
     # a workload that cannot be loaded, or its bad data, is refused before any file is reserved
     workload = load_workload(cfg.run)
-    workload.preflight()
+    workload.preflight(cfg.run)
     evaluate = Evaluator(workload, cfg.run)
     out = RunOutput(cfg.run, resumed)
     failed: list[str] = []  # the reasons of the rows that failed; the run went on past each

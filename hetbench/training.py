@@ -14,8 +14,9 @@ from hetbench.config import Fault, RunConfig
 from hetbench.data import Split
 from hetbench.errors import stop_if_interrupted
 from hetbench.gradients import FlatModel
+from hetbench.metric import ACCURACY, Metric
 from hetbench.step_timing import StepTiming
-from hetbench.workload import LoadedWorkload, accuracy
+from hetbench.workload import LoadedWorkload
 
 log = logging.getLogger(__name__)
 
@@ -25,17 +26,18 @@ class Schedule:
     warmup_steps: int  # untimed steps first (they still train)
     steps: int  # timed steps of an evaluated repeat
     speed_steps: int  # timed steps of the repeats after the evaluated ones, unevaluated; 0 = all evaluated
-    evaluated_repeats: int  # with speed_steps: how many repeats, first, check test accuracy
-    eval_every: int  # test accuracy every N steps
+    evaluated_repeats: int  # with speed_steps: how many repeats, first, check the test metric
+    eval_every: int  # the test metric every N steps
     fine_eval_every: int  # near the target, until it is reached: every N steps; 0 = eval_every throughout
-    fine_from: float  # the accuracy from which a repeat is near the target (target - fine_eval_within)
-    target: float  # the target accuracy: once reached, checks go back to eval_every
+    fine_within: float  # how near is near (Metric.near: fine_eval_within)
+    target: float  # the metric's target: once reached, checks go back to eval_every
     checkpoint_every: int  # a checkpoint every N steps; 0 = none
     rebalance_every: int  # a new split by the workers' speeds every N steps; 0 = never
     auto_balance: bool  # the split came from speeds measured alone: corrected once, at warm-up's end
+    metric: Metric = ACCURACY  # the workload's: which way the target is
 
     @classmethod
-    def of(cls, run: RunConfig) -> Schedule:
+    def of(cls, run: RunConfig, metric: Metric = ACCURACY) -> Schedule:
         return cls(
             warmup_steps=run.warmup_steps,
             steps=run.steps,
@@ -43,15 +45,16 @@ class Schedule:
             evaluated_repeats=run.evaluated_repeats,
             eval_every=run.eval_every,
             fine_eval_every=run.fine_eval_every,
-            fine_from=run.target_accuracy - run.fine_eval_within,
-            target=run.target_accuracy,
+            fine_within=run.fine_eval_within,
+            target=metric.target(run),
             checkpoint_every=run.checkpoint_every,
             rebalance_every=run.rebalance_every,
             auto_balance=run.balance == ("auto",),
+            metric=metric,
         )
 
     def evaluated(self, repeat: int) -> bool:
-        """Every repeat's accuracy is checked; with speed_steps the first `evaluated_repeats` only
+        """Every repeat's metric is checked; with speed_steps the first `evaluated_repeats` only
         (samples/s needs none; the time to target's spread needs several)."""
         return repeat < self.evaluated_repeats or not self.speed_steps
 
@@ -70,13 +73,13 @@ class Schedule:
         return any((step + 1) % n == 0 for n in every) or step + 1 == self.total(repeat)
 
     def near(self, curve: list[CurvePoint]) -> bool:
-        """Whether the checks go fine after this curve: its last accuracy is within reach of the target,
+        """Whether the checks go fine after this curve: its last figure is within reach of the target,
         which no check of the repeat has reached yet. The time to target is known to the interval
         between two checks: fine checks where it is crossed make that interval a step or two."""
         if not (self.fine_eval_every and curve):
             return False
-        reached = any(point.accuracy >= self.target for point in curve)
-        return not reached and curve[-1].accuracy >= self.fine_from
+        reached = any(self.metric.reached(point.accuracy, self.target) for point in curve)
+        return not reached and self.metric.near(curve[-1].accuracy, self.target, self.fine_within)
 
     def due(self, every: int, repeat: int, step: int) -> bool:
         """After `step`, every `every` steps, unless the repeat ends there (its end is recorded anyway)."""
@@ -96,20 +99,21 @@ class Schedule:
 
 
 class Evaluator:
-    """Test accuracy of flat weights on the driver's CPU; its time never counts as training."""
+    """The workload's test metric of flat weights on the driver's CPU; its time never counts as training."""
 
     def __init__(self, workload: LoadedWorkload, run: RunConfig) -> None:
         test: Split = workload.test_split()
         inputs, self.labels = test.tensors("cpu")
         self.inputs = workload.prepare(inputs)  # once: every evaluation reads them
         self.flat = FlatModel(workload.build_model(0))  # evaluated in eval mode: dropout plays no part
+        self.metric, self.loss = workload.metric, workload.loss
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))
 
     def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
         self.flat.load_params(weights)
         n = self.final if full else self.quick
-        return accuracy(self.flat.model, self.inputs[:n], self.labels[:n])
+        return self.metric.measure(self.flat.model, self.inputs[:n], self.labels[:n], self.loss)
 
 
 @dataclass(frozen=True)
@@ -118,7 +122,7 @@ class CurvePoint:
 
     step: int  # the steps trained before it
     train_s: float  # the training clock then, evaluation excluded
-    accuracy: float  # test accuracy on the quick check's images
+    accuracy: float  # the test metric on the quick check's samples: accuracy, or the test loss (Metric)
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class Repeat:
     timed: list[StepTiming]
     curve: list[CurvePoint]
     time_to_target_s: float | None  # the training clock at the first check at or above the target
-    final_accuracy: float | None  # on the whole test set; None where the repeat is not evaluated
+    final_accuracy: float | None  # the metric on the whole test set; None where the repeat is not evaluated
 
 
 def train_repeat(
@@ -190,7 +194,7 @@ def train_repeat(
         if evaluating:
             acc = evaluate(strategy.weights())
             curve.append(CurvePoint(step + 1, clock, acc))
-            if time_to_target is None and acc >= schedule.target:
+            if time_to_target is None and schedule.metric.reached(acc, schedule.target):
                 time_to_target = clock
             strategy.near_target = schedule.near(curve)  # for ranks that run the schedule themselves
         if saving:

@@ -24,9 +24,10 @@ from hetbench.config import RunConfig
 from hetbench.data import Split, check_same_data
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
+from hetbench.metric import ACCURACY, Metric, for_labels
 from hetbench.workloads import BUILT_IN
 
-Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices
+Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,15 @@ class Workload:
     model: Callable[[], nn.Module] | nn.Module
     """Makes a fresh model, run under the repeat's seed (every process starts from the same weights), or
     a model itself (every repeat starts from a copy of its weights). Its forward takes one batch of
-    prepared inputs and returns class scores [N, classes]."""
+    prepared inputs and returns class scores [N, classes], or what its loss compares with the targets."""
     train: Data | torch.utils.data.Dataset | Callable[[], Data | torch.utils.data.Dataset]
     """The training set: (inputs, labels), a Dataset of (input, label) pairs, or a function without
     arguments making either, called once per process: every machine makes its own, and the driver
-    refuses machines whose copies differ."""
+    refuses machines whose copies differ. Labels are class indices (one integer a sample), or any
+    float32 targets, which make the test loss the run's metric (hetbench/metric.py)."""
     test: Data | torch.utils.data.Dataset | Callable[[], Data | torch.utils.data.Dataset]
-    """The test set, as `train`: accuracy is argmax(scores) == label on it."""
+    """The test set, as `train`: accuracy is argmax(scores) == label on it; for other targets, the
+    loss's mean over it."""
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy
     """(scores, labels) -> the batch's mean loss: the workers' gradients are averaged by their batch
     shares, which is the union batch's gradient only for a mean."""
@@ -139,22 +142,6 @@ def build_optimizer(params, name: str, lr: float) -> torch.optim.Optimizer:
     return optimizers[name]()
 
 
-EVAL_BATCH = 64  # the driver's evaluation batch: a batch's activations stay in the CPU's caches. At
-# 1,000 a check took 2.2x as long for the CNN (0.80 s against 0.36 s for 2,000 images on this host's 2
-# cores) and 2.5x for the ResNet, a quarter of local.yaml's run; the scores are the same to the bit
-
-
-@torch.inference_mode()
-def accuracy(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, batch: int = EVAL_BATCH) -> float:
-    model.eval()
-    correct = 0
-    for start in range(0, len(labels), batch):
-        scores = model(inputs[start : start + batch])
-        correct += (scores.argmax(1) == labels[start : start + batch]).sum().item()
-    model.train()
-    return correct / max(1, len(labels))
-
-
 # ---- the loaded workload -----------------------------------------------------------------------
 
 
@@ -171,6 +158,7 @@ class WorkloadFacts:
     optimizer: str | None = None  # its own optimizer's class; None: the run's `optimizer` and `lr` settings
     input_shape: list[int] | None = None  # one sample as the model takes it (after `prepare`)
     keyed_layers: int = 0  # its KeyedDropout layers (keyed_dropout's swaps among them)
+    metric: str = "accuracy"  # what rows are judged by (metric.METRICS): its test loss where labels are not classes
 
     @property
     def model_bytes(self) -> int:
@@ -203,7 +191,13 @@ class LoadedWorkload:
         name, spec = self.name, self.spec
         shape = list(self.prepare(self.test_split().tensors("cpu")[0][:1]).shape[1:])
         optimizer, keyed = self.optimizer_name, self.keyed_layers
-        return WorkloadFacts(name, spec, self.parameters, self.code, self.exact, self.inexact, optimizer, shape, keyed)
+        facts = (self.parameters, self.code, self.exact, self.inexact, optimizer, shape, keyed, self.metric.name)
+        return WorkloadFacts(name, spec, *facts)
+
+    @property
+    def metric(self) -> Metric:
+        """Accuracy where the labels are class indices, else the test loss (preflight: both splits alike)."""
+        return for_labels(self.train_split().labels)
 
     def fingerprint(self) -> dict:
         """What a worker reports of the workload it trains (check_same_workload compares them)."""
@@ -232,14 +226,21 @@ class LoadedWorkload:
                 dropout.layer = layer
         return model
 
-    def preflight(self) -> None:
+    def preflight(self, run: RunConfig) -> None:
         """A few training samples through the model on this CPU, once before any row: refuses in one
         sentence what would make every row wrong rather than fail (the driver calls it)."""
         train, test = self.train_split(), self.test_split()
-        if train.inputs.shape[1:] != test.inputs.shape[1:]:
+        for what, mine, theirs in (("inputs", train.inputs, test.inputs), ("labels", train.labels, test.labels)):
+            if mine.shape[1:] != theirs.shape[1:] or mine.dtype != theirs.dtype:
+                raise UserError(
+                    f"workload {self.spec}: its training {what} are {list(mine.shape[1:])} {mine.dtype} a sample but "
+                    f"its test {what} {list(theirs.shape[1:])} {theirs.dtype}"
+                )
+        metric = self.metric
+        if not metric.target(run):
             raise UserError(
-                f"workload {self.spec}: its training inputs are {list(train.inputs.shape[1:])} a sample but its "
-                f"test inputs {list(test.inputs.shape[1:])}"
+                f"workload {self.spec}: its labels are not class indices, so rows are judged by their test loss: "
+                f"set {metric.target_key}, the test loss to train to (e.g. --set {metric.target_key}=0.1)"
             )
         n = min(len(train.labels), 8)
         if n < 2:
@@ -252,7 +253,7 @@ class LoadedWorkload:
             with keyed(model, dropout_keys(0, 0, torch.arange(n))):
                 scores = model(inputs)
             classes = scores.shape[1] if scores.dim() == 2 else None
-            if classes is None or int(labels.max()) >= classes:
+            if metric is ACCURACY and (classes is None or int(labels.max()) >= classes):
                 raise UserError(
                     f"workload {self.spec}: its model returns {list(scores.shape)} for a batch of {n}, not class "
                     f"scores [{n}, classes] for labels up to {int(labels.max())}"
@@ -343,13 +344,18 @@ def as_split(data: Data, source: str, spec: str) -> Split:
             f"got a {type(data).__name__}"
         )
     inputs, labels = (x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x) for x in data)
-    if inputs.dtype == np.float64:
-        raise UserError(f"workload {spec}: its inputs are float64, which MPS does not have: make them float32")
-    if len(inputs) != len(labels) or labels.ndim != 1 or not np.issubdtype(labels.dtype, np.integer):
+    for what, array in (("inputs", inputs), ("labels", labels)):
+        if array.dtype == np.float64:
+            raise UserError(f"workload {spec}: its {what} are float64, which MPS does not have: make them float32")
+    integer, floating = np.issubdtype(labels.dtype, np.integer), np.issubdtype(labels.dtype, np.floating)
+    if len(inputs) != len(labels) or labels.ndim == 0 or not (integer or floating):
         raise UserError(
-            f"workload {spec}: its data needs one integer label per input ({len(inputs)} inputs, labels {labels.shape})"
+            f"workload {spec}: its data needs one label (a class index) or target per input ({len(inputs)} inputs, "
+            f"labels {labels.shape} {labels.dtype})"
         )
-    return Split(np.ascontiguousarray(inputs), labels.astype(np.int64), source)
+    return Split(
+        np.ascontiguousarray(inputs), labels.astype(np.int64) if integer else np.ascontiguousarray(labels), source
+    )
 
 
 def _gathered(dataset: torch.utils.data.Dataset, spec: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -101,7 +101,7 @@ def train_loop(config: dict) -> None:
     if begun is None:  # the driver stopped before it named a repeat
         return
     repeat, first_step, state, near = begun
-    schedule, every = Schedule.of(job.run), job.run.checkpoint_every or job.run.eval_every
+    schedule, every = Schedule.of(job.run, rank.workload.metric), job.run.checkpoint_every or job.run.eval_every
     keep_state = world_rank == 0 and bool(job.run.faults or job.run.checkpoint_every)
     while repeat is not None:
         rank.reset(job.run.seed + repeat)

@@ -15,7 +15,7 @@ LAYERS = [
     {"errors", "inputs", "identity", "cores", "devices", "clock", "progress", "step_timing"},
     {"gradients", "partial_step", "balance", "train_state"},
     {"config"},
-    {"data"},
+    {"data", "metric"},
     {"workload", "workloads", "device_check", "training"},
     {"transport", "cluster"},
     {"strategies", "floor", "standalone"},

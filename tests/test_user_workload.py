@@ -28,7 +28,7 @@ def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_pr
     """The plainest form a user writes: build(seed) -> {"model": a module, "train": a Dataset, "test":
     a tensor pair}; every process calls it under the run's seed, so the module's weights agree."""
     loaded = load_workload(RunConfig(workload="tiny_workload:as_dict", seed=5))
-    loaded.preflight()
+    loaded.preflight(RunConfig())
     train = loaded.train_split()
     assert train.inputs.shape == (2_000, 16) and train.labels.dtype.name == "int64"
     assert torch.equal(torch.from_numpy(train.inputs), tiny_data(2_000, 0)[0])
@@ -58,10 +58,22 @@ def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_pr
         ("tiny_workload:counting", "its model's buffers (2.seen) change in a training step, and hetbench"),
         ("tiny_workload:no_test", "workload tiny_workload:no_test: what it returned has no test: it needs"),
         ("tiny_workload:Counting", "workload tiny_workload:Counting: it returned a Counting, not a hetbench"),
+        ("tiny_workload:regression", "workload tiny_workload:regression: its labels are not class indices, so rows"),
     ],
 )
 def test_a_bad_workload_is_one_sentence_and_exit_2(cli, spec, says):
     assert_one_line_error(cli("run", "-c", "benchmarks/configs/quick.yaml", "--set", f"workload={spec}"), says)
+
+
+def test_float_targets_make_the_test_loss_the_metric_and_it_needs_a_target_loss():
+    loaded = load_workload(RunConfig(workload="tiny_workload:regression"))
+    train = loaded.train_split()
+    assert (train.labels.shape, train.labels.dtype.name) == ((2_000, 2), "float32")
+    assert loaded.metric.name == "loss" and loaded.facts().metric == "loss"
+    assert load_workload(RunConfig(workload="tiny_workload:build")).facts().metric == "accuracy"
+    loaded.preflight(RunConfig(target_loss=0.5))
+    with pytest.raises(UserError, match="set target_loss, the test loss to train to"):
+        loaded.preflight(RunConfig())
 
 
 def test_plain_dropout_is_inexact_with_its_reason_and_keyed_dropout_swaps_it():
@@ -149,3 +161,27 @@ def test_hetbench_run_trains_a_users_module_through_every_strategy_on_two_nodes(
     assert floor["bytes"] == 676 * 4  # the user's model is what the floor moves
     table = (project / "out" / "quick.md").read_text()
     assert "Workload: tiny-mlp (676 parameters, 0.0027 MB a step, input [16], its own SGD)." in table
+
+
+def test_a_run_of_float_targets_judges_rows_by_their_test_loss_in_records_tables_and_verdict(
+    cli, tmp_path, shared_cluster
+):
+    import json
+
+    from helpers import sets
+
+    settings = ["workload=tiny_workload:regression", "target_loss=0.5", "strategies=[single, torch-ddp]"]
+    settings += ["steps=16", "warmup_steps=1", "repeats=1", "eval_every=4", "fine_eval_every=0"]
+    settings += ["standalone_steps=2", "floor.enabled=false", *shared_cluster.overrides]
+    result = cli("run", "-c", "benchmarks/configs/quick.yaml", *sets(*settings), "--results-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+    (raw,) = (tmp_path / "raw").glob("*.json")
+    single, ddp = json.loads(raw.read_text())
+    assert (single["workload"]["metric"], ddp["workload"]["metric"]) == ("loss", "loss")
+    curve = [(p["train_s"], p["accuracy"]) for p in single["accuracy_curve"]]
+    assert curve[-1][1] < curve[0][1]  # the test loss falls
+    reached = next(seconds for seconds, loss in curve if loss <= 0.5)  # from above: the first check at or under it
+    assert single["time_to_target_s"] == reached and single["target_accuracy"] == 0.5
+    table = (tmp_path / "quick.md").read_text()
+    assert "| test loss " in table and "| test acc" not in table and "test loss 0.5" in table.split("\n\n")[2]
+    assert (tmp_path / "quick.csv").read_text().splitlines()[0].count(",test loss,") == 1

@@ -80,3 +80,18 @@ def counting() -> Workload:
 
 def no_test() -> dict:
     return {"model": build().model(), "train": data(100, 0)}
+
+
+def regression() -> Workload:  # float targets: judged by the test loss (set target_loss), not accuracy
+    def targets(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, _ = data(n, seed)
+        return inputs, torch.stack([inputs[:, :4].sum(1), inputs[:, 4:8].mean(1)], 1)
+
+    return replace(
+        build(),
+        model=lambda: nn.Sequential(nn.Linear(16, 32), nn.ReLU(), KeyedDropout(0.1), nn.Linear(32, 2)),
+        train=lambda: targets(2_000, 0),
+        test=lambda: targets(600, 1),
+        loss=F.mse_loss,
+        name="tiny-regression",
+    )

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from hetbench.metric import ACCURACY
 from hetbench.results.plots import scaling_figure
 from hetbench.results.record import FloorRecord, Record, RowRecord, Step
 from hetbench.strategies.registry import BASELINE
@@ -71,6 +72,20 @@ def _ms(seconds):
 
 def _positive_ms(seconds):
     return _ms(seconds) if seconds else None
+
+
+def _final_metric(row: Row):
+    """Accuracy as a float (written as a percentage); a test loss written as its metric writes it."""
+    r = row.ran
+    if r is None or r.final_accuracy is None or r.metric.higher_is_better:
+        return r and r.final_accuracy
+    return r.metric.format(r.final_accuracy)
+
+
+def headed_for(names: list[str], records: list[Record]) -> list[str]:
+    """Column names as the table of these records heads them: the metric's column is its workload's."""
+    metric = next((r.metric for r in records if isinstance(r, RowRecord)), ACCURACY)
+    return [metric.column if name == ACCURACY.column else name for name in names]
 
 
 def _vs_baseline(row: Row):
@@ -209,13 +224,13 @@ def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | 
             "the link allows a synchronous strategy",
         ),
         Column("vs predicted", lambda row: row.predicted[1], "ratio", legend="the measured samples/s over it"),
-        Column("test acc", lambda row: row.ran and row.ran.final_accuracy, "percent", narrow=True),
+        Column(ACCURACY.column, _final_metric, "percent", narrow=True),  # a loss workload's: headed_for
         Column(
             "time to target s",
             lambda row: row.ran and row.ran.time_to_target_s,
             narrow=True,
-            legend="training clock (evaluation excluded) until the test accuracy first reached target_accuracy, "
-            "median over the evaluated repeats",
+            legend="training clock (evaluation excluded) until the test accuracy first reached target_accuracy (a "
+            "loss workload's test loss, target_loss), median over the evaluated repeats",
         ),
         Column("steps to target", lambda row: row.ran and row.ran.steps_to_target, legend="the same in steps"),
         Column(

@@ -99,17 +99,19 @@ def crossover(runs: list[list[Record]]) -> str:
 
 
 def to_target(runs: list[list[Record]]) -> str:
-    """Seconds of training to the target accuracy (the first repeat's clock), and the final accuracy."""
+    """Seconds of training to the target (the first repeat's clock), and the final test metric."""
 
     def cell(record: Record | None) -> str:
         if not isinstance(record, RowRecord) or record.final_accuracy is None:
             return "-"
         seconds = record.time_to_target_s
-        return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({record.final_accuracy:.1%})"
+        return ("not reached" if seconds is None else f"{seconds:,.0f} s") + f" ({_acc(record)})"
 
     names = [n for n in _labels(runs) if n not in FLOORS]
     body = [[n, *[cell(_row(run, n)) for run in runs]] for n in names]
-    return tabulate(body, headers=["time to target (final acc)", *map(column, runs)], tablefmt="github")
+    rows = [r for run in runs for r in run if isinstance(r, RowRecord)]
+    final = "acc" if not rows or rows[0].metric.higher_is_better else rows[0].metric.label
+    return tabulate(body, headers=[f"time to target (final {final})", *map(column, runs)], tablefmt="github")
 
 
 def wire(runs: list[list[Record]]) -> str:
@@ -153,7 +155,7 @@ def _mb(record: RowRecord) -> str:
 
 
 def _acc(record: RowRecord) -> str:
-    return f"{record.final_accuracy:.1%}" if record.final_accuracy is not None else "-"
+    return record.metric.format(record.final_accuracy) if record.final_accuracy is not None else "-"
 
 
 def plot(runs: list[list[Record]]) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hetbench.floor import FLOOR_NAME, PS_FLOOR_NAME
+from hetbench.metric import ACCURACY
 from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor
 from hetbench.results.records import atomic_write_bytes
 from hetbench.strategies.registry import BASELINE
@@ -142,10 +143,11 @@ def _accuracy(ax, trained: list[RowRecord], records: list[Record]) -> None:
             label=label(r),
             color="0.4" if r.strategy == BASELINE else next(others),
         )
+    metric = trained[0].metric if trained else ACCURACY  # one run, one workload
     target = next((r.target_accuracy for r in trained if r.target_accuracy), None)
     if target:
-        ax.axhline(target, color="k", linestyle=":", label=f"target {target:.0%}")
+        ax.axhline(target, color="k", linestyle=":", label=f"target {metric.short(target)}")
     ax.set_xlabel("training clock, s (evaluation excluded; first repeat)")
-    ax.set_ylabel("test accuracy")
+    ax.set_ylabel(metric.label)
     ax.legend(fontsize=8)
-    ax.set_title("Test accuracy against training time")
+    ax.set_title(f"{metric.label.capitalize()} against training time")

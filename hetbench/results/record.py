@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields
 from hetbench.clock import median
 from hetbench.config import RENAMED, SECTIONS
 from hetbench.floor import FLOOR_NAME, FLOORS
+from hetbench.metric import ACCURACY, METRICS, Metric
 from hetbench.training import CurvePoint
 from hetbench.workload import WorkloadFacts
 
@@ -41,6 +42,8 @@ class Settings:
     eval_every: int | None = None
     target_accuracy: float | None = None
     accuracy_tolerance: float | None = None  # None: a record from before the setting
+    target_loss: float | None = None  # a workload judged by its test loss (metric.LOSS)
+    loss_tolerance: float | None = None
     wire_dtype: str = "float32"
     link_rate: str | None = None  # tc's rate of the emulated link, e.g. 100mbit
     strategies: dict[str, StrategySettings] = field(default_factory=dict)
@@ -60,6 +63,8 @@ class Settings:
             eval_every=config.get("eval_every"),
             target_accuracy=config.get("target_accuracy"),
             accuracy_tolerance=config.get("accuracy_tolerance"),
+            target_loss=config.get("target_loss"),
+            loss_tolerance=config.get("loss_tolerance"),
             wire_dtype=config.get("wire_dtype") or "float32",
             link_rate=(config.get("link") or {}).get("rate"),
             strategies={
@@ -193,14 +198,16 @@ class RowRecord:
     table_note: str | None = None
     scaling_efficiency: float | None = None
     standalone_sum_samples_per_s: float | None = None
-    final_accuracy: float | None = None  # median over the evaluated repeats
+    final_accuracy: float | None = (
+        None  # the test metric (`metric`: accuracy or a loss), median of the evaluated repeats
+    )
     time_to_target_s: float | None = None
     repeat_time_to_target_s: list[float | None] = field(default_factory=list)
     repeat_target_bracket_s: list[float | None] = field(default_factory=list)
     steps_to_target: float | None = None
     repeat_steps_to_target: list[int | None] = field(default_factory=list)
     evaluated_repeats: int | None = None
-    target_accuracy: float | None = None
+    target_accuracy: float | None = None  # the metric's target (a loss, for a loss workload)
     startup_s: float | None = None  # median over the repeats: the row's strategy starts before each
     repeat_startup_s: list[float] = field(default_factory=list)
     driver_peak_rss_mb: float | None = None
@@ -219,6 +226,11 @@ class RowRecord:
     def trained(self) -> bool:
         """It measured a throughput."""
         return bool(self.samples_per_s)
+
+    @property
+    def metric(self) -> Metric:
+        """What final_accuracy, the curve and the target measure (records from before: accuracy)."""
+        return METRICS[self.workload.metric] if self.workload else ACCURACY
 
     @property
     def workload_name(self) -> str:

@@ -12,7 +12,7 @@ from tabulate import tabulate
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
-from hetbench.results.columns import Column, Row, columns
+from hetbench.results.columns import Column, Row, columns, headed_for
 from hetbench.results.plots import label, write_plots
 from hetbench.results.record import AloneTimings, FloorRecord, Record, RowRecord, measured_floor
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
@@ -105,7 +105,7 @@ def markdown(records: list[Record], wide: bool = False) -> str:
         headers, body = COLUMNS, [[cells[c] for c in COLUMNS] for cells in formatted]
     else:
         headers, body = [c.header for c in TABLE if c.narrow], [_narrow(cells) for cells in formatted]
-    table = tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+    table = tabulate(body, headers=headed_for(headers, records), tablefmt="github", disable_numparse=True)
     answer = "\n".join(verdict(records))
     return f"{answer}\n\n{table}" if answer else table
 
@@ -113,7 +113,7 @@ def markdown(records: list[Record], wide: bool = False) -> str:
 def to_csv(records: list[Record]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
+    writer.writerow(headed_for(COLUMNS, records))
     for row in rows(records):
         writer.writerow(["" if v is None else v for v in row])
     return out.getvalue()

@@ -11,6 +11,7 @@ import torch
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.gradients import WIRE_DTYPES
+from hetbench.metric import ACCURACY, Metric
 from hetbench.results.record import AloneTimings, Env, RowRecord, Settings, Step, Worker
 from hetbench.results.records import redacted
 from hetbench.standalone import speeds
@@ -46,12 +47,13 @@ def strategy_row(
     """The record of a row's repeats so far: `workers` as its strategy reported them before it closed
     after the last (its attributes are still read); `startups`, the strategy's start before each;
     `extras`, its own figures and the row's notes; `events`, what happened in them."""
-    target = base.config.target_accuracy
+    metric = base.metric
+    target = metric.target(base.config)
     timed = [t for r in repeats for t in r.timed]
     measured = worker_figures(workers, timed, strategy.floor_transfers, strategy.wire_dtype, base.workload.parameters)
     evaluated = [r for r in repeats if r.final_accuracy is not None]
     reached = [r.time_to_target_s for r in evaluated if r.time_to_target_s is not None]
-    steps = [steps_to_target(r.curve, target) for r in evaluated]
+    steps = [steps_to_target(r.curve, target, metric) for r in evaluated]
     samples_per_s = median([r.samples_per_s for r in repeats])
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     return replace(
@@ -72,7 +74,7 @@ def strategy_row(
         repeat_time_to_target_s=[r.time_to_target_s for r in evaluated],  # its spread: verdict.uncertainty
         # per evaluated repeat, the training seconds between the check before the target and the one
         # that reached it: the crossing lies somewhere inside (verdict.uncertainty)
-        repeat_target_bracket_s=[target_bracket_s(r.curve, target) for r in evaluated],
+        repeat_target_bracket_s=[target_bracket_s(r.curve, target, metric) for r in evaluated],
         # the same in steps, at the curve's resolution: a synchronous step is one single-device step
         # on the union batch, so steps should match the baseline's in expectation
         steps_to_target=median(steps) if None not in steps else None,
@@ -130,17 +132,17 @@ def step_summary(timed: list[StepTiming], exchange_every: int = 1) -> Step:
     )
 
 
-def steps_to_target(curve: list[CurvePoint], target: float) -> int | None:
-    """The first evaluated step whose test accuracy reached `target`; None if none did."""
-    return next((point.step for point in curve if point.accuracy >= target), None)
+def steps_to_target(curve: list[CurvePoint], target: float, metric: Metric = ACCURACY) -> int | None:
+    """The first evaluated step whose test metric reached `target`; None if none did."""
+    return next((point.step for point in curve if metric.reached(point.accuracy, target)), None)
 
 
-def target_bracket_s(curve: list[CurvePoint], target: float) -> float | None:
-    """The training seconds from the last check below `target` (or the start) to the first at or
-    above it; None if none reached it."""
+def target_bracket_s(curve: list[CurvePoint], target: float, metric: Metric = ACCURACY) -> float | None:
+    """The training seconds from the last check short of `target` (or the start) to the first that
+    reached it; None if none reached it."""
     before = 0.0
     for point in curve:
-        if point.accuracy >= target:
+        if metric.reached(point.accuracy, target):
             return point.train_s - before
         before = point.train_s
     return None

@@ -22,8 +22,8 @@ class Comparison:
     ratio: float  # its samples/s over the baseline's
     faster: bool  # samples/s beyond the spread: every repeat's figure above every one of the baseline's
     to_target: TargetTimes | None  # sooner, the same or later to the target; None: neither reached it
-    lost: float  # points of final test accuracy under the baseline's (0 where it ends as high or higher)
-    tolerance: float  # run.accuracy_tolerance: what it may lose and still count as the same model
+    lost: float  # how much worse its final test metric is than the baseline's (Metric.shortfall; 0 if not)
+    tolerance: float  # run.accuracy_tolerance (loss_tolerance): what it may lose and still count as the same model
 
     @property
     def keeps_accuracy(self) -> bool:
@@ -43,14 +43,14 @@ class Comparison:
 
 def compare(record: RowRecord, base: RowRecord, alone: str) -> Comparison:
     """`record` against the baseline `base` (the best machine, `alone`), by the figures the rule reads."""
-    mine, theirs = record.final_accuracy, base.final_accuracy
-    tolerance = base.config.accuracy_tolerance
+    mine, theirs, metric = record.final_accuracy, base.final_accuracy, base.metric
+    tolerance = metric.tolerance(base.config)
     return Comparison(
         record=record,
         ratio=record.samples_per_s / base.samples_per_s,
         faster=_beyond_ranges(record, base),
         to_target=_to_target(record, base, alone),
-        lost=max(theirs - mine, 0.0) if mine is not None and theirs is not None else 0.0,
+        lost=metric.shortfall(mine, theirs) if mine is not None and theirs is not None else 0.0,
         tolerance=ACCURACY_KEPT if tolerance is None else tolerance,
     )
 
@@ -146,7 +146,7 @@ def _also(c: Comparison, chosen: Comparison, by_time: bool, floor: FloorRecord |
 
 def _why_not(c: Comparison, floor: FloorRecord | None, alone: str) -> str:
     """Why a row is not the answer: where it wins samples/s, what that costs it; else what it loses to."""
-    accuracy = "" if c.keeps_accuracy else f"{c.lost * 100:.1f} points less accurate"
+    accuracy = "" if c.keeps_accuracy else c.record.metric.worse(c.lost)
     times = c.to_target.short if c.to_target and c.to_target.kind != "sooner" else ""
     if c.ratio > 1 and (times or accuracy):
         trade = f" ({_trade(c.record)})" if _trade(c.record) else ""
@@ -238,7 +238,7 @@ def _machines(record: RowRecord) -> str:
 
 @dataclass(frozen=True)
 class TargetTimes:
-    """A row's time to the target accuracy against the baseline's."""
+    """A row's time to the target against the baseline's."""
 
     kind: str  # sooner | same | later, beyond (or within) the run's resolution and spread
     gain_s: float  # the baseline's time less the row's (inf / -inf: only one of them reached it)
@@ -254,12 +254,12 @@ def _to_target(record: RowRecord, base: RowRecord, alone: str) -> TargetTimes | 
     target = record.target_accuracy or base.target_accuracy
     if target is None or (mine is None and theirs is None):
         return None
-    at = f"{target:.0%}"
+    at, at_full = base.metric.short(target), base.metric.at(target)
     if theirs is None:
         return TargetTimes(
             "sooner",
             float("inf"),
-            f"{at} test accuracy after {mine:.0f} s{_steps(record)} of training, "
+            f"{at_full} after {mine:.0f} s{_steps(record)} of training, "
             f"where {alone} alone did not reach it in the run",
             f"reaches {at}, where {alone} alone does not",
         )
@@ -279,7 +279,7 @@ def _to_target(record: RowRecord, base: RowRecord, alone: str) -> TargetTimes | 
         return TargetTimes(
             "same",
             gain,
-            f"reaches {at} test accuracy in the same training time as {alone} alone, as far as this run "
+            f"reaches {at_full} in the same training time as {alone} alone, as far as this run "
             f"can tell ({mine_at} and {theirs_at}: {within})",
             f"reaches {at} in the same time, within {margin:.1f} s",
         )
@@ -287,7 +287,7 @@ def _to_target(record: RowRecord, base: RowRecord, alone: str) -> TargetTimes | 
     return TargetTimes(
         kind,
         gain,
-        f"{at} test accuracy after {mine_at} of training against {theirs_at} for {alone} alone{beyond}",
+        f"{at_full} after {mine_at} of training against {theirs_at} for {alone} alone{beyond}",
         f"{abs(gain):.1f} s {kind} to {at}",
     )
 
@@ -325,7 +325,7 @@ def _trade(record: RowRecord) -> str:
 
 def _target(record: RowRecord) -> str:
     target = record.target_accuracy
-    return f"{target:.0%}" if target is not None else "the target"
+    return record.metric.short(target) if target is not None else "the target"
 
 
 def paired_gain(pairs: list[tuple]) -> tuple[float, float]:
