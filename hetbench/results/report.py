@@ -204,8 +204,8 @@ On the gloo-floor row: one raw all-reduce of the model's flat buffer (4 bytes a 
 the reference worker's node and the next worker's (the workers' own path), measured in the same
 run; on the ps-floor row one round trip of that buffer over a direct TCP channel between the same two
 processes, up and back down (a parameter server's gradient up, then weights down).
-Accuracy is checked every eval_every steps, and every fine_eval_every steps once it is within
-fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each
+Accuracy (a loss workload's test loss) is checked every eval_every steps, and every fine_eval_every
+steps once it is within fine_eval_within of the target: the crossing is known to that interval. The verdict pairs each
 evaluated repeat with the baseline's on the same seed, and claims a time gain only where the pairs'
 median gain exceeds the widest check interval around a crossing plus the gains' spread (their range
 for 3-5 repeats; with more, the width of the 75% interval for their median)."""
