@@ -238,6 +238,7 @@ def plan(cfg: Config) -> str:
     workload = load_workload(cfg.run)
     workload.preflight(cfg.run)
     started, budget = now(), cfg.plan.seconds
+    ready = workload.gradients_ready(cfg.run)  # on this CPU, before the cluster competes for it
     with (
         cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster),
         ray_kept_for_the_run(),
@@ -254,23 +255,26 @@ def plan(cfg: Config) -> str:
         first, _ = reference_first(on, speeds(rates))
         allreduce, roundtrip = measure_floor(floor, first.cluster, first.workers, cfg.link, workload.parameters)
     seconds = now() - started
-    measured = Measured(alone, allreduce.get("allreduce_s"), roundtrip.get("roundtrip_s"), workload.parameters * 4)
+    floors = allreduce.get("allreduce_s"), roundtrip.get("roundtrip_s")
+    measured = Measured(alone, *floors, workload.parameters * 4, ready=ready)
     return plan_markdown(cfg, replace(measured, seconds=seconds, cut=cut), predict(cfg, measured))
 
 
-def planned_rows(cfg: Config, alone: tuple[Alone, ...], floors: list[FloorRecord], records: list[Record]):
-    """The run's row records that the plan predicts, each with its prediction (plan.check): from the
-    alone timings at the run's start and its floors, at the row's last split."""
+def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], records: list[Record]):
+    """The run's row records that the plan predicts, each with its prediction (plan.check): from
+    `planning`, the alone timings and the gradients' ready times at the run's start, and its
+    floors, at the row's last split."""
+    timed_alone, ready = planning
     allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
-    measured = Measured(alone, allreduce, roundtrip, floors[0].bytes or 0)
+    measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready)
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue
         batches = {w.name: w.batch for w in record.workers}
         lost = any(w.lost_at_step is not None for w in record.workers)
-        if lost or set(batches) != {a.name for a in alone} or None in batches.values():
+        if lost or set(batches) != {a.name for a in timed_alone} or None in batches.values():
             continue  # a worker lost to a fault: not the pattern the plan predicts
-        row = predict_row(cfg, measured, record.strategy, record.balance, [batches[a.name] for a in alone])
+        row = predict_row(cfg, measured, record.strategy, record.balance, [batches[a.name] for a in timed_alone])
         if row:
             yield (
                 record,
@@ -307,7 +311,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             planning = None  # the plan's alone timings (plan.check), made in this process
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
                 if cfg.plan.check:
-                    rates, planning, _ = alone_at_two_batches(cluster_cfg)
+                    rates, timed_alone, _ = alone_at_two_batches(cluster_cfg)
+                    planning = timed_alone, workload.gradients_ready(cfg.run)
                 else:
                     rates = measure_standalone(cluster_cfg.job())
                 standalone = speeds(rates)

@@ -11,6 +11,7 @@ import importlib
 import inspect
 import os
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -292,6 +293,37 @@ class LoadedWorkload:
                 f"{first:.4g} and {rest:.4g} for {cut} and {n - cut} of them), and the machines' gradients are "
                 "weighted by their share of the batch: use reduction='mean'"
             )
+
+    def gradients_ready(self, run: RunConfig, batch: int = 32, steps: int = 4) -> tuple[tuple[float, int], ...]:
+        """When each trainable parameter's gradient is ready in a training step on this CPU, as a
+        fraction of the step (forward, backward, the optimizer's step), with its float32 bytes; in the
+        order they are ready. What a DDP row can all-reduce while backward still runs
+        (plan.overlapped_s). The median of `steps` steps after one to warm up."""
+        model = self.build_model(run.seed).train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = self.build_optimizer(params, run)
+        stored, labels = self.train_split().tensors("cpu")
+        n = min(batch, len(labels))
+        inputs, labels, keys = self.prepare(stored[:n]), labels[:n], dropout_keys(run.seed, 0, torch.arange(n))
+        ready: list[list[float]] = [[] for _ in params]
+        for step in range(steps + 1):
+            at = [0.0] * len(params)
+            hooks = [
+                p.register_post_accumulate_grad_hook(lambda _, i=i, at=at: at.__setitem__(i, time.perf_counter()))
+                for i, p in enumerate(params)
+            ]
+            optimizer.zero_grad(set_to_none=True)
+            started = time.perf_counter()
+            self.forward_backward(model, inputs, labels, keys)
+            optimizer.step()
+            span = time.perf_counter() - started
+            for hook in hooks:
+                hook.remove()
+            if step:  # the first warms up
+                for i, t in enumerate(at):
+                    ready[i].append((t - started) / span)
+        fractions = [sorted(f)[len(f) // 2] for f in ready]
+        return tuple(sorted((f, p.numel() * 4) for f, p in zip(fractions, params)))
 
     def build_optimizer(self, params, run: RunConfig) -> torch.optim.Optimizer:
         params = list(params)

@@ -7,7 +7,7 @@ from helpers import sets, small_config
 from hetbench import runner
 from hetbench.clock import median
 from hetbench.errors import UserError
-from hetbench.plan import Alone, Measured, predict, step_rate, worth_racing
+from hetbench.plan import Alone, Measured, buckets, overlapped_s, predict, step_rate, worth_racing
 
 ALL = "strategies=[single, ray-ps, ray-ps-async, ray-train, dask-sync, ray-localsgd, torch-ddp]"
 PAIR = "workers=[{name: desk}, {name: mac, slowdown: 3.0}]"
@@ -57,6 +57,44 @@ def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_
     expected = 192 / (desk.step_s(192) + 0.1) + 64 / (mac.step_s(64) + 0.1)
     assert rows["ray-ps-async [auto]"].samples_per_s[1] == pytest.approx(expected)
     assert "stale" in rows["ray-ps-async [auto]"].note
+
+
+# The CNN's gradients as measured on this host: fc2's and fc1's (4.7 MB) ready halfway through a step,
+# the convs' at backward's end, the optimizer's step after them (LoadedWorkload.gradients_ready)
+CNN_READY = ((0.46, 40), (0.46, 5_120), (0.49, 512), (0.49, 4_718_592), (0.95, 256), (0.95, 73_728), (0.97, 128))
+CNN_READY += ((0.97, 1_152),)
+
+
+def test_ddp_rows_all_reduce_a_bucket_while_backward_fills_the_next(tmp_path):
+    assert buckets(CNN_READY) == [(0.49, 4_724_264), (0.97, 75_264)]  # the first closes past 1 MiB
+    total = 4_799_528
+    fc1_through = 0.49 * 0.2 + 0.2 * 4_724_264 / total  # sent while the convs' backward runs
+    expected = max(fc1_through, 0.97 * 0.2) + 0.2 * 75_264 / total + 0.03 * 0.2  # then the optimizer
+    assert overlapped_s(0.2, 0.2, CNN_READY) == pytest.approx(expected)
+    assert overlapped_s(0.2, 0.002, CNN_READY) == pytest.approx(0.2, rel=1e-3)  # a fast link hides behind backward
+    measured = desk_and_mac()
+    measured = Measured(measured.alone, 0.05, 0.1, measured.model_bytes, ready=CNN_READY)
+    rows = {r.label: r for r in predict(config(tmp_path), measured)}
+    mac = measured.alone[1]
+    ddp = rows["torch-ddp [equal]"]
+    assert ddp.samples_per_s[1] == pytest.approx(256 / overlapped_s(mac.step_s(128), 0.05, CNN_READY))
+    assert ddp.samples_per_s[1] > 256 / (mac.step_s(128) + 0.05)  # sooner than all of it after backward
+    assert rows["ray-train [equal]"].samples_per_s == ddp.samples_per_s  # its ranks are torch-ddp's
+    # a parameter server takes the whole gradient after backward; PowerSGD's one bucket waits for its end
+    assert rows["ray-ps [equal]"].samples_per_s[1] == pytest.approx(256 / (mac.step_s(128) + 0.1))
+    squeezed = {r.label: r for r in predict(config(tmp_path, "torch-ddp.compression=powersgd"), measured)}
+    powersgd = squeezed["torch-ddp [equal]"]
+    assert powersgd.samples_per_s[1] == pytest.approx(256 / (mac.step_s(128) + powersgd.sync_s))
+
+
+def test_the_cnns_gradients_are_ready_in_backwards_order_and_each_counted_once():
+    from hetbench.config import RunConfig
+    from hetbench.workload import load_workload
+
+    ready = load_workload(RunConfig(dataset="synthetic")).gradients_ready(RunConfig(dataset="synthetic"))
+    assert sum(nbytes for _, nbytes in ready) == 1_199_882 * 4 and len(ready) == 8
+    at = {nbytes: fraction for fraction, nbytes in ready}
+    assert 0 < at[5_120] <= at[4_718_592] < at[73_728] <= at[1_152] < 1  # fc2, fc1, conv2, conv1, then the step
 
 
 def test_the_verdict_says_which_pays_and_why_one_does_not(tmp_path):
