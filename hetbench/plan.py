@@ -79,6 +79,7 @@ class RowPlan:
     verdict: str
     note: str = ""
     synchronous: bool = True  # a barrier each step: its samples/s say its time to a target, as single's do
+    exposed_s: float | None = None  # of sync_s, what is left after backward where buckets go out during it
 
     @property
     def label(self) -> str:
@@ -126,31 +127,40 @@ def buckets(ready: tuple[tuple[float, int], ...]) -> list[tuple[float, int]]:
     return out + [(at, size)] if size else out
 
 
-def overlapped_s(compute_s: float, link: float, ready: tuple[tuple[float, int], ...]) -> float:
-    """A step whose buckets are all-reduced as backward fills them: each bucket's all-reduce starts
-    once the slowest share has it ready (`compute_s`: its step) and the bucket before is through,
-    and takes its bytes' part of `link`; the optimizer's step follows the last. The CNN's 4.7 MB
-    fc1 bucket is ready halfway through a step, so most of its all-reduce hides behind the convs'
-    backward."""
-    parts = buckets(ready)
-    total, through = sum(b for _, b in parts), 0.0
-    for fraction, nbytes in parts:
-        through = max(through, fraction * compute_s) + link * nbytes / total
-    return max(compute_s, through + (1 - parts[-1][0]) * compute_s)
+def overlapped_s(
+    compute_s: float, link: float, ready: tuple[tuple[float, int], ...], overlap: str = "buckets"
+) -> float:
+    """A step whose transfers go out while backward runs. "buckets": DDP's, each all-reduced once the
+    slowest share has it ready and the one before is through, its bytes' part of `link`.
+    "parameters": a streaming parameter server's, each gradient up as backward has it, then down
+    once stepped, each way its bytes' part of `link` (up and down at once: the link's two
+    directions). The rest of the step (the optimizer's) follows the last. The CNN's 4.7 MB fc1 is
+    ready halfway through a step, so most of its transfer hides behind the convs' backward."""
+    parts = buckets(ready) if overlap == "buckets" else list(ready)
+    total = sum(b for _, b in parts)
+    at = [fraction * compute_s for fraction, _ in parts]
+    for _ in range(1 if overlap == "buckets" else 2):  # a parameter server's: up, then down
+        through, done = 0.0, []
+        for start, (_, nbytes) in zip(at, parts):
+            through = max(through, start) + link * nbytes / total
+            done.append(through)
+        at = done
+    return max(compute_s, at[-1] + (1 - parts[-1][0]) * compute_s)
 
 
 def step_rate(
-    measured: Measured, split: list[int], transfers: float | None, width: int, pick, overlap: bool = False
+    measured: Measured, split: list[int], transfers: float | None, width: int, pick, overlap: str = ""
 ) -> float:
     """Samples/s of a step at `split`: synchronous (`transfers` floor all-reduces a step, in a wire
-    dtype of `width` bytes; `overlap`: bucket by bucket during backward, where measured.ready says
+    dtype of `width` bytes; `overlap`: the strategy's, during backward where measured.ready says
     when), or asynchronous where `transfers` is None."""
     if transfers is None:  # each worker at its own pace, a round trip to the server after each step
         trip = (measured.roundtrip_s or 0.0) * width / 4
         return sum(b / (a.step_s(b, pick) + trip) for a, b in zip(measured.alone, split) if b)
     compute, link = slowest_s(measured, split, pick), link_s(measured, transfers, width)
-    if overlap and measured.ready:
-        return sum(split) / overlapped_s(compute, link, measured.ready)
+    if overlap and measured.ready:  # a parameter server's two transfers are its up and down
+        each = link / transfers if overlap == "parameters" else link
+        return sum(split) / overlapped_s(compute, each, measured.ready, overlap)
     return sum(split) / (compute + link)
 
 
@@ -177,10 +187,11 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         return None  # no link crossed (nothing to predict it by)
     if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
         return None  # its floor failed: markdown says so
-    overlap = strategy.overlaps_backward
+    overlap = strategy.overlap if measured.ready and transfers is not None else ""  # async: no step to hide in
     rates = spread([step_rate(measured, split, transfers, width, pick, overlap) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
     compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
+    exposed = sum(split) / rates[1] - compute if overlap else None
     return RowPlan(
         name,
         balance,
@@ -192,6 +203,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         verdict(vs, compute, sync, transfers, measured, best, batch),
         note(cfg, strategy, measured, split, alone[1], batch),
         strategy.synchronous,
+        exposed,
     )
 
 
@@ -229,7 +241,7 @@ def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: flo
         return "samples/s only: its stale gradients may cost steps to the target, which only a race shows"
     if options.get("compression") == "none":  # torch-ddp's
         fraction = powersgd_fraction(load_workload(cfg.run).build_model(0), options["powersgd_rank"])
-        bf16 = step_rate(measured, split, 1.0, 2, median, strategy.overlaps_backward) / alone
+        bf16 = step_rate(measured, split, 1.0, 2, median, strategy.overlap) / alone
         powersgd = step_rate(measured, split, fraction, 4, median) / alone
         return f"bfloat16 wire: {bf16:.2f}x; PowerSGD rank {options['powersgd_rank']}: {powersgd:.2f}x"
     return ""
@@ -277,7 +289,9 @@ def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:
         [
             r.label,
             "/".join(map(str, r.split)),
-            f"{r.compute_s * 1e3:.0f} + {r.sync_s * 1e3:.0f}",
+            f"{r.compute_s * 1e3:.0f} + {r.sync_s * 1e3:.0f}"
+            if r.exposed_s is None
+            else f"{r.compute_s * 1e3:.0f} + {r.exposed_s * 1e3:.0f} of {r.sync_s * 1e3:.0f}",
             f"{r.samples_per_s[1]:,.0f} ({r.samples_per_s[0]:,.0f}-{r.samples_per_s[2]:,.0f})",
             f"{r.vs_alone[1]:.2f}x ({r.vs_alone[0]:.2f}-{r.vs_alone[2]:.2f})",
             r.verdict,
@@ -302,7 +316,8 @@ def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:
     lines += [
         "",
         "Predictions, not measurements: each strategy at its floor (what it spends beyond the floor is not "
-        "known before it runs); the ranges go from the alone timings' slowest to their fastest.",
+        "known before it runs); the ranges go from the alone timings' slowest to their fastest. 'compute + X of Y': "
+        "of the link's Y ms, the X left after backward (DDP's buckets, a streaming server's parts, go out during it).",
     ]
     return "\n".join(lines) + "\n"
 

@@ -35,9 +35,10 @@ class Strategy(ABC):
     # The floor its sync overhead is judged against (floor.py): an all-reduce's, or for a parameter
     # server, a round trip of the model up and back down.
     floor_name: ClassVar[str] = FLOOR_NAME
-    # Its transfers go out while backward still runs, bucket by bucket as gradients are ready (DDP's):
-    # the link then hides behind the rest of backward (plan.overlapped_s).
-    overlaps_backward: bool = False
+    # Whether its transfers go out while backward still runs, so the link hides behind the rest of it
+    # (plan.overlapped_s): "buckets" (DDP's, each all-reduced once full), "parameters" (each gradient
+    # up as backward has it, each weight down once stepped), or "" (all of it after backward).
+    overlap: str = ""
     # Steps between exchanges over the link: above 1, most steps move nothing, so per-step costs are
     # read as a round's mean (the median step would show no exchange at all).
     exchange_every: int = 1

@@ -276,6 +276,11 @@ class RayParameterServer(ParameterServerDriver):
     by_value = "object store"
     options = StreamOptions
 
+    @property
+    def overlap(self) -> str:
+        """Streamed over direct channels: each gradient up as backward has it, each weight down once stepped."""
+        return "parameters" if self.job.options.get("stream") and self.settings.transport == "direct" else ""
+
     @classmethod
     def check_options(cls, options: RayPsOptions) -> None:
         if options.transport not in TRANSPORTS:

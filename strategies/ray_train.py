@@ -150,7 +150,7 @@ class RayTrain(Strategy):
     options = TrainOptions
     table_note = "ray-train: one all-reduce per step, so its link prediction counts one floor transfer."
     floor_transfers = 1.0
-    overlaps_backward = True  # torch-ddp's ranks: DDP's buckets
+    overlap = "buckets"  # torch-ddp's ranks: DDP's
     survives_worker_loss = True  # by Ray Train's own failure handling: the group restarts from a state
     resumable = True  # from the state rank 0 keeps at every checkpoint step (Collector.state_at)
     rebalances = True  # in the ranks' own loop (gathered_split), at the steps the runner would

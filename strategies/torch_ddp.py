@@ -159,7 +159,7 @@ class TorchDDP(Strategy):
     options = DDPOptions
     table_note = "torch-ddp: PyTorch DDP, no Ray between the ranks; one all-reduce per step."
     floor_transfers = 1.0
-    overlaps_backward = True  # PowerSGD's one bucket waits for backward's end: __init__
+    overlap = "buckets"  # PowerSGD's one bucket waits for backward's end: __init__
     resumable = True  # PowerSGD's error feedback is not checkpointed: a resumed run starts it afresh
     rebalances = True
 
@@ -173,7 +173,7 @@ class TorchDDP(Strategy):
     def __init__(self, job: Job) -> None:
         super().__init__(job)
         self.powersgd_rank = self.settings.powersgd_rank if self.settings.compression == "powersgd" else None
-        self.overlaps_backward = self.powersgd_rank is None
+        self.overlap = "" if self.powersgd_rank else "buckets"
         if self.powersgd_rank:  # the factors' share of the model, in float32 whatever wire_dtype says
             self.floor_transfers = powersgd_fraction(load_workload(job.run).build_model(0), self.powersgd_rank)
             self.wire_dtype = "float32"

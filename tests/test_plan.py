@@ -72,6 +72,10 @@ def test_ddp_rows_all_reduce_a_bucket_while_backward_fills_the_next(tmp_path):
     expected = max(fc1_through, 0.97 * 0.2) + 0.2 * 75_264 / total + 0.03 * 0.2  # then the optimizer
     assert overlapped_s(0.2, 0.2, CNN_READY) == pytest.approx(expected)
     assert overlapped_s(0.2, 0.002, CNN_READY) == pytest.approx(0.2, rel=1e-3)  # a fast link hides behind backward
+    # a streaming server: fc1 up from 49% of the step, then down; the convs' parts after it each way
+    up = 0.49 * 0.2 + 0.2 * (512 + 4_718_592) / total
+    down = up + 0.2 * 4_718_592 / total + 0.2 * (256 + 73_728 + 128 + 1_152) / total
+    assert overlapped_s(0.2, 0.2, CNN_READY, "parameters") == pytest.approx(down + 0.03 * 0.2)
     measured = desk_and_mac()
     measured = Measured(measured.alone, 0.05, 0.1, measured.model_bytes, ready=CNN_READY)
     rows = {r.label: r for r in predict(config(tmp_path), measured)}
@@ -80,8 +84,14 @@ def test_ddp_rows_all_reduce_a_bucket_while_backward_fills_the_next(tmp_path):
     assert ddp.samples_per_s[1] == pytest.approx(256 / overlapped_s(mac.step_s(128), 0.05, CNN_READY))
     assert ddp.samples_per_s[1] > 256 / (mac.step_s(128) + 0.05)  # sooner than all of it after backward
     assert rows["ray-train [equal]"].samples_per_s == ddp.samples_per_s  # its ranks are torch-ddp's
-    # a parameter server takes the whole gradient after backward; PowerSGD's one bucket waits for its end
-    assert rows["ray-ps [equal]"].samples_per_s[1] == pytest.approx(256 / (mac.step_s(128) + 0.1))
+    assert ddp.exposed_s == pytest.approx(256 / ddp.samples_per_s[1] - ddp.compute_s) and ddp.exposed_s < ddp.sync_s
+    # ray-ps streams each gradient up as backward has it and each weight down once stepped (one floor
+    # each way); dask-sync moves the whole gradient after backward; PowerSGD's one bucket waits for its end
+    streamed = overlapped_s(mac.step_s(128), 0.05, CNN_READY, "parameters")
+    assert rows["ray-ps [equal]"].samples_per_s[1] == pytest.approx(256 / streamed)
+    assert 256 / streamed > rows["dask-sync [equal]"].samples_per_s[1] == pytest.approx(256 / (mac.step_s(128) + 0.1))
+    whole = {r.label: r for r in predict(config(tmp_path, "ray-ps.stream=false"), measured)}
+    assert whole["ray-ps [equal]"].samples_per_s == rows["dask-sync [equal]"].samples_per_s
     squeezed = {r.label: r for r in predict(config(tmp_path, "torch-ddp.compression=powersgd"), measured)}
     powersgd = squeezed["torch-ddp [equal]"]
     assert powersgd.samples_per_s[1] == pytest.approx(256 / (mac.step_s(128) + powersgd.sync_s))
