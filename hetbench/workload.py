@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from hetbench.clock import median
 from hetbench.config import RunConfig
 from hetbench.data import Split, check_same_data
 from hetbench.errors import UserError
@@ -297,8 +298,8 @@ class LoadedWorkload:
     def gradients_ready(self, run: RunConfig, batch: int = 32, steps: int = 4) -> tuple[tuple[float, int], ...]:
         """When each trainable parameter's gradient is ready in a training step on this CPU, as a
         fraction of the step (forward, backward, the optimizer's step), with its float32 bytes; in the
-        order they are ready. What a DDP row can all-reduce while backward still runs
-        (plan.overlapped_s). The median of `steps` steps after one to warm up."""
+        order they are ready: what DDP's buckets and a streaming parameter server send while backward
+        still runs (plan.overlapped_s). The median of `steps` steps after one to warm up."""
         model = self.build_model(run.seed).train()
         params = [p for p in model.parameters() if p.requires_grad]
         optimizer = self.build_optimizer(params, run)
@@ -319,11 +320,10 @@ class LoadedWorkload:
             span = time.perf_counter() - started
             for hook in hooks:
                 hook.remove()
-            if step:  # the first warms up
+            if step:  # the first warms up; a parameter the loss does not reach is sent with the last
                 for i, t in enumerate(at):
-                    ready[i].append((t - started) / span)
-        fractions = [sorted(f)[len(f) // 2] for f in ready]
-        return tuple(sorted((f, p.numel() * 4) for f, p in zip(fractions, params)))
+                    ready[i].append((t - started) / span if t else 1.0)
+        return tuple(sorted((median(f), p.numel() * 4) for f, p in zip(ready, params)))
 
     def build_optimizer(self, params, run: RunConfig) -> torch.optim.Optimizer:
         params = list(params)
