@@ -26,7 +26,7 @@ from hetbench.config import RunConfig
 from hetbench.data import Split, check_same_data
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
-from hetbench.metric import ACCURACY, Metric, for_labels
+from hetbench.metric import ACCURACY, LOSS, Metric, for_labels
 from hetbench.workloads import BUILT_IN
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
@@ -239,7 +239,7 @@ class LoadedWorkload:
                     f"its test {what} {list(theirs.shape[1:])} {theirs.dtype}"
                 )
         metric = self.metric
-        if not metric.target(run):
+        if metric is LOSS and not metric.target(run):  # target_loss has no default: no loss suits every model
             raise UserError(
                 f"workload {self.spec}: its labels are not class indices, so rows are judged by their test loss: "
                 f"set {metric.target_key}, the test loss to train to (e.g. --set {metric.target_key}=0.1)"
