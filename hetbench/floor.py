@@ -166,6 +166,7 @@ def measure_floor(
             "ips": [i["node_ip"] for i in ends.info],
             "interfaces": [m["interface"] for m in measured] if measured else None,
             "systems": [i["os"] for i in ends.info],
+            "driver_end": _driver_end(ends, otherwise=None),
         },
         "link": {key: value for key, value in asdict(link).items() if value} or None,
     }
@@ -195,9 +196,9 @@ def measure_allreduces(ends, cluster: ClusterConfig, floor: FloorConfig, numel: 
     return [by_rank[order.index(end)] for end in (0, 1)]
 
 
-def _driver_end(ends) -> int:
-    """The end on the driver's machine, where a joined cluster opens its listening ports; else end 0."""
-    return next((end for end in (0, 1) if ends.on_driver_host(end)), 0)
+def _driver_end(ends, otherwise: int | None = 0) -> int | None:
+    """The end on the driver's machine, where a joined cluster opens its listening ports; else `otherwise`."""
+    return next((end for end in (0, 1) if ends.on_driver_host(end)), otherwise)
 
 
 def measure_roundtrips(ends, floor: FloorConfig, joined: bool, numel: int) -> list[float]:

@@ -6,8 +6,9 @@ cost per sample, on that device), and the two floors over the real link. From th
 strategy's pattern: a synchronous step waits for the slowest share, then moves the model
 `floor_transfers` times at the floor's all-reduce time (local SGD: once a round of `sync_every`
 steps); an asynchronous worker runs at its own pace, its gradient up and its weights down each
-step (the ps-floor's round trip). What a strategy spends beyond its floor is not known before it
-runs, so each prediction is its pattern at the floor: the race's rows record how far each is off.
+step (the ps-floor's round trip, for a worker off the server's node), the faster ones held back by
+max_staleness. What a strategy spends beyond its floor is not known before it runs, so each
+prediction is its pattern at the floor: the race's rows record how far each is off.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class Measured:
     cut: str = ""  # what the budget (plan.seconds) left out, if anything
     ready: tuple[tuple[float, int], ...] = ()  # each gradient: (the fraction of a step at which it is
     # ready, its float32 bytes), in that order (LoadedWorkload.gradients_ready); empty: not measured
+    beside_server: frozenset[str] = frozenset()  # workers whose round trips to a parameter server
+    # cross no link (runner.beside_server): no ps-floor is charged to them
 
 
 @dataclass(frozen=True)
@@ -148,15 +151,39 @@ def overlapped_s(
     return max(compute_s, at[-1] + (1 - parts[-1][0]) * compute_s)
 
 
+def async_rate(measured: Measured, split: list[int], width: int, pick, max_staleness: int | None) -> float:
+    """Samples/s of an asynchronous parameter server: each worker at its own pace, a round trip to
+    the server after each step (none beside it). While the slowest makes one update the others may
+    start at most `max_staleness` versions past it, so they make at most max_staleness + their number
+    (each one in flight finishes): past that they wait, and run at that share of their pace."""
+    trip = (measured.roundtrip_s or 0.0) * width / 4
+    working = [
+        (b, a.step_s(b, pick) + (0.0 if a.name in measured.beside_server else trip))
+        for a, b in zip(measured.alone, split)
+        if b
+    ]
+    slowest_b, slowest_s = working.pop(max(range(len(working)), key=lambda i: working[i][1]))
+    meanwhile = sum(slowest_s / cycle for _, cycle in working)  # the others' updates in one of its cycles
+    held = 1.0
+    if max_staleness is not None and meanwhile > max_staleness + len(working):
+        held = (max_staleness + len(working)) / meanwhile
+    return slowest_b / slowest_s + held * sum(b / cycle for b, cycle in working)
+
+
 def step_rate(
-    measured: Measured, split: list[int], transfers: float | None, width: int, pick, overlap: str = ""
+    measured: Measured,
+    split: list[int],
+    transfers: float | None,
+    width: int,
+    pick,
+    overlap: str = "",
+    max_staleness: int | None = None,
 ) -> float:
     """Samples/s of a step at `split`: synchronous (`transfers` floor all-reduces a step, in a wire
     dtype of `width` bytes; `overlap`: the strategy's, during backward where measured.ready says
-    when), or asynchronous where `transfers` is None."""
-    if transfers is None:  # each worker at its own pace, a round trip to the server after each step
-        trip = (measured.roundtrip_s or 0.0) * width / 4
-        return sum(b / (a.step_s(b, pick) + trip) for a, b in zip(measured.alone, split) if b)
+    when), or asynchronous where `transfers` is None (async_rate, with `max_staleness`)."""
+    if transfers is None:
+        return async_rate(measured, split, width, pick, max_staleness)
     compute, link = slowest_s(measured, split, pick), link_s(measured, transfers, width)
     if overlap and measured.ready:  # a parameter server's two transfers are its up and down
         each = link / transfers if overlap == "parameters" else link
@@ -188,7 +215,8 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
     if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
         return None  # its floor failed: markdown says so
     overlap = strategy.overlap if measured.ready and transfers is not None else ""  # async: no step to hide in
-    rates = spread([step_rate(measured, split, transfers, width, pick, overlap) for pick in PICKS])
+    bound = strategy.max_staleness
+    rates = spread([step_rate(measured, split, transfers, width, pick, overlap, bound) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
     compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
     exposed = sum(split) / rates[1] - compute if overlap else None

@@ -24,7 +24,7 @@ from hetbench.plan import markdown as plan_markdown
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
 from hetbench.results.output import RunOutput, reopened
-from hetbench.results.record import FloorRecord, Planned, Record, Reference, RowRecord, from_json
+from hetbench.results.record import FloorPath, FloorRecord, Planned, Record, Reference, RowRecord, from_json
 from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
 from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
@@ -256,8 +256,18 @@ def plan(cfg: Config) -> str:
         allreduce, roundtrip = measure_floor(floor, first.cluster, first.workers, cfg.link, workload.parameters)
     seconds = now() - started
     floors = allreduce.get("allreduce_s"), roundtrip.get("roundtrip_s")
-    measured = Measured(alone, *floors, workload.parameters * 4, ready=ready)
+    beside = beside_server(cfg.workers, FloorPath(**roundtrip["path"]))
+    measured = Measured(alone, *floors, workload.parameters * 4, ready=ready, beside_server=beside)
     return plan_markdown(cfg, replace(measured, seconds=seconds, cut=cut), predict(cfg, measured))
+
+
+def beside_server(workers: tuple[WorkerConfig, ...], path: FloorPath | None) -> frozenset[str]:
+    """The workers on the driver's node, where a parameter server runs, when the floor's two ends had
+    addresses of their own (a link between them): their round trips are on loopback. Where the ends
+    shared one address (every node on one machine), the ps-floor's is the trip every worker makes."""
+    if path is None or path.driver_end is None or len(set(path.ips)) < 2:
+        return frozenset()
+    return frozenset(w.name for w in workers if w.node == path.nodes[path.driver_end])
 
 
 def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], records: list[Record]):
@@ -266,7 +276,8 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     floors, at the row's last split."""
     timed_alone, ready = planning
     allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
-    measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready)
+    beside = beside_server(cfg.workers, floors[1].path)
+    measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready, beside_server=beside)
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue

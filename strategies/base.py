@@ -39,6 +39,9 @@ class Strategy(ABC):
     # (plan.overlapped_s): "buckets" (DDP's, each all-reduced once full), "parameters" (each gradient
     # up as backward has it, each weight down once stepped), or "" (all of it after backward).
     overlap: str = ""
+    # Asynchronous: how many weights versions a worker may start ahead of the slowest still computing
+    # (plan.async_rate); None: no bound, or synchronous.
+    max_staleness: int | None = None
     # Steps between exchanges over the link: above 1, most steps move nothing, so per-step costs are
     # read as a round's mean (the median step would show no exchange at all).
     exchange_every: int = 1

@@ -46,6 +46,7 @@ class RayParameterServerAsync(RayParameterServer):
     uses_host_memory = False  # the server writes while other workers read: each needs its own copy
     floor_transfers = None  # no barrier: transfers overlap other workers' compute
     resumable = False  # gradients in flight at a checkpoint would be lost: not built yet
+    overlap = ""  # no barrier: a step has no backward for its transfers to hide behind, only others' work
 
     def __init__(self, job: Job) -> None:
         super().__init__(job)
@@ -61,6 +62,10 @@ class RayParameterServerAsync(RayParameterServer):
         # start, as a loss later must not switch a repeat from one path to the other
         self.served = False
         self.went_on = False  # the last served step left the server applying, into the next step
+
+    @property
+    def max_staleness(self) -> int:
+        return self.settings.max_staleness
 
     def start(self) -> None:
         super().start()

@@ -1,13 +1,26 @@
 """`hetbench plan`: the predictions' arithmetic against hand-made measurements, then the command on the
 session's cluster."""
 
+from dataclasses import replace
+
 import pytest
 
 from helpers import sets, small_config
 from hetbench import runner
 from hetbench.clock import median
+from hetbench.config import WorkerConfig
 from hetbench.errors import UserError
-from hetbench.plan import Alone, Measured, buckets, overlapped_s, predict, step_rate, worth_racing
+from hetbench.plan import (
+    Alone,
+    Measured,
+    async_rate,
+    buckets,
+    overlapped_s,
+    predict,
+    step_rate,
+    worth_racing,
+)
+from hetbench.results.record import FloorPath
 
 ALL = "strategies=[single, ray-ps, ray-ps-async, ray-train, dask-sync, ray-localsgd, torch-ddp]"
 PAIR = "workers=[{name: desk}, {name: mac, slowdown: 3.0}]"
@@ -57,6 +70,33 @@ def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_
     expected = 192 / (desk.step_s(192) + 0.1) + 64 / (mac.step_s(64) + 0.1)
     assert rows["ray-ps-async [auto]"].samples_per_s[1] == pytest.approx(expected)
     assert "stale" in rows["ray-ps-async [auto]"].note
+
+
+def test_an_asynchronous_worker_beside_the_server_pays_no_trip_and_waits_for_the_slowest(tmp_path):
+    measured = replace(desk_and_mac(roundtrip_s=1.0), beside_server=frozenset({"desk"}))
+    desk, mac = measured.alone
+    mac_cycle = mac.step_s(64) + 1.0  # over the link; the desk's round trips are on loopback
+    assert async_rate(measured, [192, 64], 4, median, None) == pytest.approx(64 / mac_cycle + 192 / desk.step_s(192))
+    # max_staleness 2: while the mac makes one update the desk makes 3 (it starts at most 2 versions
+    # past the mac's, and finishes the one in hand), not the 5.9 its pace would
+    assert mac_cycle / desk.step_s(192) > 3
+    assert async_rate(measured, [192, 64], 4, median, 2) == pytest.approx((64 + 3 * 192) / mac_cycle)
+    rows = {r.label: r for r in predict(config(tmp_path), measured)}  # ray-ps-async's default bound: 2
+    assert rows["ray-ps-async [auto]"].samples_per_s[1] == pytest.approx((64 + 3 * 192) / mac_cycle)
+
+
+def test_only_workers_on_the_servers_node_across_a_link_are_beside_it():
+    workers = (WorkerConfig(name="desk", node="desktop"), WorkerConfig(name="mac", node="mac"))
+    linked = FloorPath(["desk", "mac"], ["desktop", "mac"], ["10.231.0.1", "10.231.0.2"], driver_end=0)
+    assert runner.beside_server(workers, linked) == {"desk"}
+    assert runner.beside_server(workers, replace(linked, driver_end=1)) == {"mac"}
+    # one machine's loopback for both ends: the trip measured is every worker's
+    assert runner.beside_server(workers, replace(linked, ips=["192.0.2.2", "192.0.2.2"])) == frozenset()
+    assert (
+        runner.beside_server(workers, replace(linked, driver_end=None))
+        == runner.beside_server(workers, None)
+        == frozenset()
+    )
 
 
 # The CNN's gradients as measured on this host: fc2's and fc1's (4.7 MB) ready halfway through a step,

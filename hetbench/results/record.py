@@ -274,6 +274,8 @@ class FloorPath:
     ips: list[str | None] = field(default_factory=list)
     interfaces: list | None = None
     systems: list[str | None] = field(default_factory=list)
+    driver_end: int | None = None  # the end on the driver's node (the all-reduce's rank 0, the ps-floor's
+    # listener, where ray-ps's server runs); None: neither end was, or a record from before it was kept
 
 
 def megabytes(count: float) -> str:
