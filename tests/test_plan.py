@@ -46,6 +46,11 @@ def test_a_step_alone_is_the_line_through_the_two_batches():
     assert desk.step_s(256, min) == pytest.approx(0.275) and desk.step_s(256, max) == pytest.approx(0.277)
     only_large = Alone("desk", 64, 256, (), (0.276,))  # the budget cut the small batch: no fixed cost
     assert only_large.step_s(128) == pytest.approx(0.138)
+    # the ResNet's "mac" on this host: a sample costs 10.4 ms in a batch of 64, 12.8 ms in one of 256;
+    # between the two the line holds (its zero is at 13 samples); below 64, the small batch's cost a sample
+    resnet = Alone("mac", 64, 256, (0.667,), (3.28,))
+    assert resnet.step_s(68) == pytest.approx(0.667 + 4 * (3.28 - 0.667) / 192) and resnet.step_s(256) == 3.28
+    assert resnet.step_s(32) == pytest.approx(0.667 / 2) and resnet.fixed_s() == 0
 
 
 def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_path):
