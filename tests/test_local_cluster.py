@@ -169,6 +169,7 @@ def test_the_floors_cross_the_emulated_link_between_the_worker_nodes_and_it_is_r
         "ips": [link.host_ip, link.ns_ip],
         "interfaces": [link.host_dev, link.ns_dev],  # the link's ends, as the nodes' starter chose
         "systems": ["Linux", "Linux"],  # both ends' operating systems: the group formed on gloo
+        "driver_end": 0,  # the desk, on the head node with the driver: where a parameter server runs
     }
     assert figures["collective"] == "gloo"
     assert link.name not in namespaces()
