@@ -73,10 +73,12 @@ class Stopwatch:
     a wait.
 
     An emulated slower device (`slowdown` > 1) takes `slowdown` times as long for the same work:
-    each stop syncs, reads the span and waits (slowdown - 1) x its own time. That excludes the time
-    this thread waited for a CPU held by another process (Linux's schedstat): on one box the
-    emulated machines share cores, and multiplying those waits would slow the worker for the box's
-    crowding, not for its device. The CPU wait is read only then: no /proc read per step otherwise.
+    each stop syncs, reads the span and waits until the span has lasted `slowdown` x its own time.
+    Its own time leaves out what this thread spent runnable, waiting for a CPU that another
+    process or thread held (Linux's schedstat), and that wait is part of the span: on one box the
+    emulated machines share cores, and a machine of its own would not have waited for them, so the
+    box's crowding shows only where it outlasts the emulated wait. The CPU wait is read only then:
+    no /proc read per step otherwise.
     """
 
     def __init__(self, device: torch.device, slowdown: float = 1.0, ramp: tuple[float, float, float] | None = None):
@@ -113,7 +115,8 @@ class Stopwatch:
             return
         start, waited = self.started
         seconds = now(self.device) - start
-        delay = (self.slowdown - 1.0) * max(0.0, seconds - (cpu_wait() - waited))
+        own = max(0.0, seconds - (cpu_wait() - waited))  # less its wait for a CPU something else held
+        delay = max(0.0, self.slowdown * own - seconds)
         if delay > 0:
             slept_from = time.perf_counter()
             time.sleep(delay)

@@ -38,11 +38,20 @@ def test_an_emulated_worker_waits_slowdown_minus_one_times_its_work():
     assert seconds - 0.01 <= waited <= seconds + 0.15
 
 
-def test_time_spent_waiting_for_a_cpu_is_not_multiplied(monkeypatch):
+def test_time_spent_waiting_for_a_cpu_comes_out_of_the_emulated_wait(monkeypatch):
     waits = iter([0.0, 0.04])  # the thread waited 40 ms of the work's 100 for a CPU held elsewhere
     monkeypatch.setattr(clock, "cpu_wait", lambda: next(waits))
     seconds = worked(3.0, lambda: time.sleep(0.1))
-    assert seconds == pytest.approx(0.1 + 2 * 0.06, abs=0.05)
+    assert seconds == pytest.approx(3 * 0.06, abs=0.03)  # 3x its own 60 ms: a machine of its own waits for no CPU
+
+
+def test_crowding_longer_than_the_emulated_wait_still_shows(monkeypatch):
+    waits = iter([0.0, 0.09])  # 90 ms of the 100 waiting for a CPU: 3x its own 10 ms is past already
+    monkeypatch.setattr(clock, "cpu_wait", lambda: next(waits))
+    started = time.perf_counter()
+    seconds = worked(3.0, lambda: time.sleep(0.1))
+    assert seconds == pytest.approx(0.1, abs=0.03)
+    assert time.perf_counter() - started < 0.15  # no wait added
 
 
 def test_an_emulated_wait_counts_as_long_as_it_took(monkeypatch):
