@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 from tabulate import tabulate
 
@@ -175,20 +176,9 @@ def async_rate(measured: Measured, split: list[int], width: int, pick, max_stale
     return slowest_b / slowest_s + held * sum(b / cycle for b, cycle in working)
 
 
-def step_rate(
-    measured: Measured,
-    split: list[int],
-    transfers: float | None,
-    width: int,
-    pick,
-    overlap: str = "",
-    max_staleness: int | None = None,
-) -> float:
-    """Samples/s of a step at `split`: synchronous (`transfers` floor all-reduces a step, in a wire
-    dtype of `width` bytes; `overlap`: the strategy's, during backward where measured.ready says
-    when), or asynchronous where `transfers` is None (async_rate, with `max_staleness`)."""
-    if transfers is None:
-        return async_rate(measured, split, width, pick, max_staleness)
+def step_rate(measured: Measured, split: list[int], transfers: float, width: int, pick, overlap: str = "") -> float:
+    """Samples/s of a synchronous step at `split`: `transfers` floor all-reduces a step, in a wire
+    dtype of `width` bytes; `overlap`: the strategy's, during backward where measured.ready says when."""
     compute, link = slowest_s(measured, split, pick), link_s(measured, transfers, width)
     if overlap and measured.ready:  # a parameter server's two transfers are its up and down
         each = link / transfers if overlap == "parameters" else link
@@ -219,9 +209,12 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         return None  # no link crossed (nothing to predict it by)
     if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
         return None  # its floor failed: markdown says so
-    overlap = strategy.overlap if measured.ready and transfers is not None else ""  # async: no step to hide in
-    bound = strategy.max_staleness
-    rates = spread([step_rate(measured, split, transfers, width, pick, overlap, bound) for pick in PICKS])
+    overlap = strategy.overlap if measured.ready else ""
+    if transfers is None:  # asynchronous: each worker at its own pace
+        rate = partial(async_rate, measured, split, width, max_staleness=strategy.max_staleness)
+    else:
+        rate = partial(step_rate, measured, split, transfers, width, overlap=overlap)
+    rates = spread([rate(pick=pick) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
     compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
     exposed = sum(split) / rates[1] - compute if overlap else None
