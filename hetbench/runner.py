@@ -287,10 +287,9 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
             continue  # a worker lost to a fault: not the pattern the plan predicts
         row = predict_row(cfg, measured, record.strategy, record.balance, [batches[a.name] for a in timed_alone])
         if row:
-            yield (
-                record,
-                replace(record, plan=Planned(row.samples_per_s[1], row.samples_per_s[0], row.samples_per_s[2])),
-            )
+            low, typical, high = row.samples_per_s
+            planned = Planned(typical, low, high, row.compute_s if row.synchronous else None)
+            yield record, replace(record, plan=planned)
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:

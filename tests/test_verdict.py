@@ -132,6 +132,22 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
     assert whatif(typed([SINGLE, ALLREDUCE])) == ""  # no floor: nothing to predict from
 
 
+def test_the_plans_check_says_whether_it_missed_on_the_compute_or_the_rest():
+    from hetbench.results.whatif import whatif
+
+    floor = {**FLOOR, "bytes": 4_800_000, "link": None}
+    step = {"compute_s": 0.072, "total_s": 0.080, "sync_overhead_s": 0.008, "wait_s": 0.001}
+    # predicted 4,000 samples/s: a step of 64 ms, 60 of them the slowest share's compute alone
+    planned = row(
+        "torch-ddp", 3200.0, step, plan={"samples_per_s": 4000.0, "low": 3800.0, "high": 4100.0, "compute_s": 0.060}
+    )
+    unsplit = row("ray-ps-async", 3000.0, step, plan={"samples_per_s": 2850.0, "low": 2800.0, "high": 2900.0})
+    text = whatif(typed([SINGLE, floor, planned, unsplit]))
+    # +25% over measured: 60 ms of compute against 72, and 4 ms of the rest against 8
+    assert "torch-ddp [auto] +25% (60/72, 4/8)" in text
+    assert "ray-ps-async [auto] -5%," not in text and "ray-ps-async [auto] -5%." in text  # no compute: no brackets
+
+
 def test_what_if_predicts_each_row_at_its_own_split():
     from hetbench.results.whatif import predicted
 

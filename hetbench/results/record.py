@@ -174,6 +174,8 @@ class Planned:
     samples_per_s: float
     low: float
     high: float
+    compute_s: float | None = None  # of its step, the slowest share's alone (median timings); the rest
+    # is its link. None: an asynchronous row, or a record from before it was kept
 
 
 @dataclass(frozen=True)

@@ -58,10 +58,23 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
         if checks
         else ""
     )
-    planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}" for r in records if r.plan]
+    planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{_where(r)}" for r in records if r.plan]
     if planned:  # the same arithmetic before any row ran: each strategy at its floor, nothing of its own measured
-        said += f" The plan, from this run's timings before any row, against measured: {', '.join(planned)}."
+        where = any(r.plan and _where(r) for r in records)
+        said += " The plan, from this run's timings before any row, against measured"
+        said += " (in brackets, its slowest compute and the rest of its step, predicted/measured ms)" if where else ""
+        said += f": {', '.join(planned)}."
     return said.strip()
+
+
+def _where(record: RowRecord) -> str:
+    """Where a synchronous row's step went, predicted/measured: its slowest share's compute and the
+    rest (the link, a strategy's own overhead): which side the plan missed on."""
+    plan, step, batch = record.plan, record.step, record.config.batch_size
+    if not (plan and plan.compute_s and step and step.compute_s and step.total_s and batch):
+        return ""
+    rest = (batch / plan.samples_per_s - plan.compute_s, step.total_s - step.compute_s)
+    return f" ({plan.compute_s * 1e3:.0f}/{step.compute_s * 1e3:.0f}, {rest[0] * 1e3:.0f}/{rest[1] * 1e3:.0f})"
 
 
 def whatif(records: list[Record]) -> str:
