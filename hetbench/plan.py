@@ -14,7 +14,7 @@ prediction is its pattern at the floor: the race's rows record how far each is o
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from tabulate import tabulate
@@ -56,6 +56,14 @@ class Alone:
 
     def fixed_s(self) -> float:
         return self.step_s(0)
+
+    def at_speed(self, samples_per_s: float) -> Alone:
+        """These timings with every step stretched alike so that the global batch runs at
+        `samples_per_s`: the same machine timed faster or slower at another hour."""
+        factor = self.large / samples_per_s / median(self.large_s)
+        return replace(
+            self, small_s=tuple(s * factor for s in self.small_s), large_s=tuple(s * factor for s in self.large_s)
+        )
 
 
 @dataclass(frozen=True)

@@ -273,7 +273,9 @@ def beside_server(workers: tuple[WorkerConfig, ...], path: FloorPath | None) -> 
 def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], records: list[Record]):
     """The run's row records that the plan predicts, each with its prediction (plan.check): from
     `planning`, the alone timings and the gradients' ready times at the run's start, and its
-    floors, at the row's last split."""
+    floors, at the row's last split; each worker's timings taken at its speed alone around the row
+    (its brackets), as a plan made just before the row would have timed it: on a shared box a
+    worker's speed alone moved 9% between rows of one race, which is the hour's and not the arithmetic's."""
     timed_alone, ready = planning
     allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
     beside = beside_server(cfg.workers, floors[1].path)
@@ -285,10 +287,13 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         lost = any(w.lost_at_step is not None for w in record.workers)
         if lost or set(batches) != {a.name for a in timed_alone} or None in batches.values():
             continue  # a worker lost to a fault: not the pattern the plan predicts
-        row = predict_row(cfg, measured, record.strategy, record.balance, [batches[a.name] for a in timed_alone])
+        around = {w.name: w.standalone_samples_per_s for w in record.workers}
+        at_row = tuple(a.at_speed(around[a.name]) if around[a.name] else a for a in timed_alone)
+        split = [batches[a.name] for a in timed_alone]
+        row = predict_row(cfg, replace(measured, alone=at_row), record.strategy, record.balance, split)
         if row:
             low, typical, high = row.samples_per_s
-            planned = Planned(typical, low, high, row.compute_s if row.synchronous else None)
+            planned = Planned(typical, low, high, row.compute_s if row.synchronous else None, at_row=True)
             yield record, replace(record, plan=planned)
 
 

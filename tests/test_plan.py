@@ -54,6 +54,27 @@ def test_a_step_alone_is_the_line_through_the_two_batches():
     assert resnet.step_s(32) == pytest.approx(0.667 / 2) and resnet.fixed_s() == 0
 
 
+def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(tmp_path):
+    from hetbench.results.record import from_json
+
+    measured = desk_and_mac()
+    desk, mac = measured.alone
+    slower = mac.at_speed(128.0)  # timed at 309 samples/s at the start, 128 around the row
+    assert slower.step_s(256) == pytest.approx(2.0) and slower.fixed_s() == pytest.approx(mac.fixed_s() * 2 / 0.828)
+    floors = [
+        from_json({"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.05, "bytes": measured.model_bytes}),
+        from_json({"strategy": "ps-floor", "status": "ok", "roundtrip_s": 0.1}),
+    ]
+    speeds = {"desk": 256 / 0.276, "mac": 128.0}
+    workers = [{"name": n, "device": "cpu", "batch": 128, "standalone_samples_per_s": v} for n, v in speeds.items()]
+    row = {"strategy": "torch-ddp", "status": "ok", "balance": "equal", "samples_per_s": 200.0, "workers": workers}
+    cfg = config(tmp_path)
+    ((_, checked),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
+    # the mac's share at its speed around the row (the split as the race split it), then the all-reduce
+    assert checked.plan.samples_per_s == pytest.approx(256 / (slower.step_s(128) + 0.05))
+    assert checked.plan.compute_s == pytest.approx(slower.step_s(128)) and checked.plan.at_row
+
+
 def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_path):
     measured = desk_and_mac()
     rows = {r.label: r for r in predict(config(tmp_path), measured)}
@@ -239,5 +260,9 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     single = records["single"]["samples_per_s"]
     assert f"({records['torch-ddp']['plan']['samples_per_s'] / single:.2f}x)" in ddp  # beside vs baseline
     assert records["torch-ddp"]["plan"]["compute_s"] > 0  # its step's compute, apart from the link
-    said = re.search(r"The plan, from this run's timings .*? ms\): (.*?)\.$", (tmp_path / "quick.md").read_text(), re.M)
+    said = re.search(
+        r"The plan, from this run's timings, each worker's at its speed alone around the row.*? ms\): (.*?)\.$",
+        (tmp_path / "quick.md").read_text(),
+        re.M,
+    )
     assert re.match(r"torch-ddp \[auto\] [+-]\d+% \(\d+/\d+, \d+/\d+\)", said[1])  # the what-if's check

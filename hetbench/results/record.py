@@ -168,14 +168,16 @@ class AloneTimings:
 
 @dataclass(frozen=True)
 class Planned:
-    """The row as `hetbench plan` predicts it (plan.py), from the same run's alone timings (before any
-    row) and floors: samples/s at the strategy's floor, from the timings' slowest to their fastest."""
+    """The row as `hetbench plan` predicts it (plan.py), from the same run's alone timings (at its
+    start, at two batches) and floors: samples/s at the strategy's floor, from the timings' slowest
+    to their fastest."""
 
     samples_per_s: float
     low: float
     high: float
     compute_s: float | None = None  # of its step, the slowest share's alone (median timings); the rest
     # is its link. None: an asynchronous row, or a record from before it was kept
+    at_row: bool = False  # each worker at its speed alone around the row (else as timed at the run's start)
 
 
 @dataclass(frozen=True)
