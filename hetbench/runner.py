@@ -287,13 +287,14 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         lost = any(w.lost_at_step is not None for w in record.workers)
         if lost or set(batches) != {a.name for a in timed_alone} or None in batches.values():
             continue  # a worker lost to a fault: not the pattern the plan predicts
-        around = {w.name: w.standalone_samples_per_s for w in record.workers}
-        at_row = tuple(a.at_speed(around[a.name]) if around[a.name] else a for a in timed_alone)
+        bracketed = bool(record.standalone_timings)  # else its workers' speeds are the start's
+        around = {w.name: w.standalone_samples_per_s for w in record.workers} if bracketed else {}
+        at_row = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in timed_alone)
         split = [batches[a.name] for a in timed_alone]
         row = predict_row(cfg, replace(measured, alone=at_row), record.strategy, record.balance, split)
         if row:
             low, typical, high = row.samples_per_s
-            planned = Planned(typical, low, high, row.compute_s if row.synchronous else None, at_row=True)
+            planned = Planned(typical, low, high, row.compute_s if row.synchronous else None, at_row=bracketed)
             yield record, replace(record, plan=planned)
 
 

@@ -68,11 +68,15 @@ def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(
     speeds = {"desk": 256 / 0.276, "mac": 128.0}
     workers = [{"name": n, "device": "cpu", "batch": 128, "standalone_samples_per_s": v} for n, v in speeds.items()]
     row = {"strategy": "torch-ddp", "status": "ok", "balance": "equal", "samples_per_s": 200.0, "workers": workers}
+    row["standalone_timings"] = {n: {"before": [v], "after": [v]} for n, v in speeds.items()}
     cfg = config(tmp_path)
     ((_, checked),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
     # the mac's share at its speed around the row (the split as the race split it), then the all-reduce
     assert checked.plan.samples_per_s == pytest.approx(256 / (slower.step_s(128) + 0.05))
     assert checked.plan.compute_s == pytest.approx(slower.step_s(128)) and checked.plan.at_row
+    del row["standalone_timings"]  # not timed around the row: its workers' speeds are the start's, as timed
+    ((_, unbracketed),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
+    assert unbracketed.plan.compute_s == pytest.approx(mac.step_s(128)) and not unbracketed.plan.at_row
 
 
 def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_path):
