@@ -58,14 +58,15 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
         if checks
         else ""
     )
-    planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{_where(r)}" for r in records if r.plan]
-    if planned:  # the same arithmetic before any row ran: each strategy at its floor, nothing of its own measured
-        where = any(r.plan and _where(r) for r in records)
+    checked = [(r, _where(r)) for r in records if r.plan]
+    if checked:  # the same arithmetic before any row ran: each strategy at its floor, nothing of its own measured
         timed = "this run's timings before any row"
-        if any(r.plan.at_row for r in records if r.plan):
+        if any(r.plan.at_row for r, _ in checked):
             timed = "this run's timings, each worker's at its speed alone around the row"
         said += f" The plan, from {timed}, against measured"
-        said += " (in brackets, its slowest compute and the rest of its step, predicted/measured ms)" if where else ""
+        if any(where for _, where in checked):
+            said += " (in brackets, its slowest compute and the rest of its step, predicted/measured ms)"
+        planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{where}" for r, where in checked]
         said += f": {', '.join(planned)}."
     return said.strip()
 
