@@ -41,6 +41,15 @@ def test_a_worker_3x_slower_gets_a_quarter_of_the_batch_and_the_rule_follows(tmp
     assert strategy.events == [{"step": 7, "rebalanced": {"a": 48, "b": 16}}]
 
 
+def test_a_fresh_group_s_slow_first_steps_do_not_move_the_split(tmp_path):
+    """A Ray Train group's warm-up on hetero-local (ms a step, its first steps slowed by the group's own
+    start): split by each worker's fastest step, not by the median that the start's steps move."""
+    strategy = Splittable(small_config(tmp_path, "batch_size=256").job(), [192, 64])
+    desk, mac = [979, 553, 449, 291, 292], [986, 623, 398, 334, 330]
+    strategy.rebalance(4, timings(*((a / 1e3, b / 1e3) for a, b in zip(desk, mac))))
+    assert strategy.batches == [198, 58]  # the median's would be 186/70; the steps after trained best at 194/62
+
+
 def test_speeds_that_barely_differ_leave_the_split_alone(tmp_path):
     strategy = Splittable(small_config(tmp_path, "batch_size=64").job(), [32, 32])
     strategy.rebalance(3, timings((0.100, 0.102), (0.101, 0.100)))
