@@ -82,7 +82,9 @@ class PlanConfig:
     seconds: float = setting(120.0, "its budget: a measurement that would pass it is cut short, and the plan says so")
     steps: int = setting(5, "timed steps of each worker alone at each batch (after 3 untimed)")
     check: bool = setting(
-        True, "hetbench run predicts every row as plan does (one more alone timing, at a quarter batch) and records it"
+        True,
+        "hetbench run predicts every row as plan does (each worker timed alone at the equal split's share "
+        "too) and records it",
     )
 
 

@@ -19,7 +19,7 @@ from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import Config, WorkerConfig, from_dict
 from hetbench.errors import RunFailed, UserError
 from hetbench.floor import FLOOR_NAME, FLOORS, measure_floor
-from hetbench.plan import SMALL, Alone, Measured, predict, predict_row
+from hetbench.plan import Alone, Measured, predict, predict_row, second_batch
 from hetbench.plan import markdown as plan_markdown
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
@@ -206,12 +206,13 @@ def alone_at_two_batches(
     on: Config, room_s: float | None = None
 ) -> tuple[dict[str, list[float]], tuple[Alone, ...], str]:
     """Each worker alone at the global batch (A B B A: samples/s, as `auto` splits by them), then at
-    a quarter of it, unless that would pass `room_s` seconds; as plan.Alone too, and what was cut."""
+    the equal split's share of it (plan.second_batch), unless that would pass `room_s` seconds; as
+    plan.Alone too, and what was cut."""
     started, large = now(), on.run.batch_size
-    small = max(large // SMALL, 1)
+    small = second_batch(large, len(on.workers))
     at_large = measure_standalone(on.job())
     at_small, cut = {}, ""
-    if room_s is None or (now() - started) * (1 + 1 / SMALL) < room_s:  # a quarter batch costs about a quarter
+    if room_s is None or (now() - started) * (1 + small / large) < room_s:  # a step costs about its share
         job = on.job()
         at_small = measure_standalone(replace(job, run=replace(job.run, batch_size=small)))
     else:

@@ -18,6 +18,7 @@ from hetbench.plan import (
     buckets,
     overlapped_s,
     predict,
+    second_batch,
     step_rate,
     worth_racing,
 )
@@ -47,11 +48,17 @@ def test_a_step_alone_is_the_line_through_the_two_batches():
     assert desk.step_s(256, min) == pytest.approx(0.275) and desk.step_s(256, max) == pytest.approx(0.277)
     only_large = Alone("desk", 64, 256, (), (0.276,))  # the budget cut the small batch: no fixed cost
     assert only_large.step_s(128) == pytest.approx(0.138)
+    assert desk.timed() == "a step of 256 in 276 ms, of 64 in 84 ms" and only_large.timed() == "a step of 256 in 276 ms"
     # the ResNet's "mac" on this host: a sample costs 10.4 ms in a batch of 64, 12.8 ms in one of 256;
     # between the two the line holds (its zero is at 13 samples); below 64, the small batch's cost a sample
     resnet = Alone("mac", 64, 256, (0.667,), (3.28,))
     assert resnet.step_s(68) == pytest.approx(0.667 + 4 * (3.28 - 0.667) / 192) and resnet.step_s(256) == 3.28
     assert resnet.step_s(32) == pytest.approx(0.667 / 2) and resnet.fixed_s() == 0
+
+
+def test_the_second_batch_is_the_equal_split_s_share():
+    assert [second_batch(256, n) for n in (1, 2, 3, 4)] == [128, 128, 85, 64]
+    assert second_batch(3, 4) == 1
 
 
 def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(tmp_path):
@@ -224,6 +231,8 @@ def test_plan_measures_on_the_cluster_and_answers_in_the_race_s_words(cli, tmp_p
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     assert out.startswith("# Plan: quick (mnist-cnn, global batch 64)") and "all-reduce of 4.8 MB " in out
+    # each worker timed at the global batch and at the equal split's share, where the equal rows train
+    assert re.search(r"desk [\d,]+ samples/s alone \(a step of 64 in [\d,]+ ms, of 32 in [\d,]+ ms\)", out)
     assert "failed" not in out and "desk " in out and "mac " in out
     for name in ("ray-ps", "ray-ps-async", "ray-train", "dask-sync", "ray-localsgd", "torch-ddp"):
         assert f"| {name} [auto] " in out

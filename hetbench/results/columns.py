@@ -162,7 +162,7 @@ def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | 
             _plan_vs_baseline,
             "ratio",
             legend="what `hetbench plan` predicted for the row, over the same single row: from this run's own "
-            "timings before any row (each worker alone at the global batch and a quarter of it) and its floors, "
+            "timings of each worker alone (at the global batch and a smaller one) and its floors, "
             "at the strategy's floor (plan.check)",
         ),
         Column(
