@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
+from functools import partial
 
-from hetbench.clock import now
+from hetbench.clock import median, now
 from hetbench.cluster.joined import wait_for_workers
 from hetbench.cluster.multinode import cluster_for_run
 from hetbench.cluster.place import place
@@ -274,29 +275,36 @@ def beside_server(workers: tuple[WorkerConfig, ...], path: FloorPath | None) -> 
 def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], records: list[Record]):
     """The run's row records that the plan predicts, each with its prediction (plan.check): from
     `planning`, the alone timings and the gradients' ready times at the run's start, and its
-    floors, at the row's last split; each worker's timings taken at its speed alone around the row
-    (its brackets), as a plan made just before the row would have timed it: on a shared box a
-    worker's speed alone moved 9% between rows of one race, which is the hour's and not the arithmetic's."""
+    floors, at each repeat's split (auto's re-split may end repeats at different ones: the median
+    of their predictions, against the median of the repeats measured); each worker's timings taken
+    at its speed alone around the row (its brackets), as a plan made just before the row would have
+    timed it: on a shared box a worker's speed alone moved 9% between rows of one race, which is the
+    hour's and not the arithmetic's."""
     timed_alone, ready = planning
     allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
     beside = beside_server(cfg.workers, floors[1].path)
     measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready, beside_server=beside)
+    names = [a.name for a in timed_alone]  # the configured workers, in order
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue
-        batches = {w.name: w.batch for w in record.workers}
         lost = any(w.lost_at_step is not None for w in record.workers)
-        if lost or set(batches) != {a.name for a in timed_alone} or None in batches.values():
+        splits = record.repeat_splits(names)
+        if lost or any(set(s) != set(names) or None in s.values() for s in splits):
             continue  # a worker lost to a fault: not the pattern the plan predicts
         bracketed = bool(record.standalone_timings)  # else its workers' speeds are the start's
         around = {w.name: w.standalone_samples_per_s for w in record.workers} if bracketed else {}
-        at_row = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in timed_alone)
-        split = [batches[a.name] for a in timed_alone]
-        row = predict_row(cfg, replace(measured, alone=at_row), record.strategy, record.balance, split)
-        if row:
-            low, typical, high = row.samples_per_s
-            planned = Planned(typical, low, high, row.compute_s if row.synchronous else None, at_row=bracketed)
-            yield record, replace(record, plan=planned)
+        alone = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in timed_alone)
+        at_row = replace(measured, alone=alone)
+        shares = [tuple(s[n] for n in names) for s in splits]
+        row_at = partial(predict_row, cfg, at_row, record.strategy, record.balance)
+        predicted = {split: row_at(list(split)) for split in set(shares)}
+        rows = [predicted[split] for split in shares]
+        if all(rows):
+            typical = median([row.samples_per_s[1] for row in rows])
+            low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
+            compute = median([row.compute_s for row in rows]) if rows[0].synchronous else None
+            yield record, replace(record, plan=Planned(typical, low, high, compute, at_row=bracketed))
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:

@@ -86,6 +86,35 @@ def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(
     assert unbracketed.plan.compute_s == pytest.approx(mac.step_s(128)) and not unbracketed.plan.at_row
 
 
+def test_a_row_whose_repeats_ended_at_different_splits_is_predicted_at_each(tmp_path):
+    from hetbench.results.record import from_json
+
+    measured = desk_and_mac()
+    floors = [
+        from_json({"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.05, "bytes": measured.model_bytes}),
+        from_json({"strategy": "ps-floor", "status": "ok", "roundtrip_s": 0.1}),
+    ]
+    workers = [{"name": "mac", "batch": 52}, {"name": "desk", "batch": 204}]  # as the last repeat ended
+    row = {"strategy": "ray-train", "status": "ok", "balance": "auto", "split": [195, 61], "workers": workers}
+    row |= {"samples_per_s": 660.0, "repeat_samples_per_s": [695.0, 630.0, 660.0]}
+    # auto re-split the first repeat's warm-up to 189/67 and the last's to 204/52; the second kept 195/61
+    row["events"] = [
+        {"step": 4, "rebalanced": {"desk": 189, "mac": 67}, "in_warmup": True, "repeat": 0},
+        {"step": 4, "rebalanced": {"desk": 204, "mac": 52}, "in_warmup": True, "repeat": 2},
+    ]
+    record = from_json(row)
+    ends = [{"desk": 189, "mac": 67}, {"desk": 195, "mac": 61}, {"desk": 204, "mac": 52}]
+    assert record.repeat_splits(["desk", "mac"]) == ends
+    ((_, checked),) = runner.planned_rows(config(tmp_path), (measured.alone, ()), floors, [record])
+    desk, mac = measured.alone
+    each = [256 / (max(desk.step_s(d), mac.step_s(m)) + 0.05) for d, m in ((189, 67), (195, 61), (204, 52))]
+    assert checked.plan.samples_per_s == pytest.approx(sorted(each)[1]) and len(set(each)) == 3
+    # a record from before events named their repeat: every repeat at the last batches
+    for event in row["events"]:
+        del event["repeat"]
+    assert from_json(row).repeat_splits(["desk", "mac"]) == [{"desk": 204, "mac": 52}] * 3
+
+
 def test_a_synchronous_row_waits_for_the_slowest_share_then_moves_the_model(tmp_path):
     measured = desk_and_mac()
     rows = {r.label: r for r in predict(config(tmp_path), measured)}

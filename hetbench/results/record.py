@@ -170,7 +170,7 @@ class AloneTimings:
 class Planned:
     """The row as `hetbench plan` predicts it (plan.py), from the same run's alone timings (at its
     start, at two batches) and floors: samples/s at the strategy's floor, from the timings' slowest
-    to their fastest."""
+    to their fastest; the median over the row's repeats, each at the split it ended at."""
 
     samples_per_s: float
     low: float
@@ -245,6 +245,21 @@ class RowRecord:
     def resplits(self) -> int:
         """Times rebalance_every re-split the batch after the warm-up."""
         return sum(1 for e in self.events if "rebalanced" in e and not e.get("in_warmup"))
+
+    def repeat_splits(self, names: list[str]) -> list[dict[str, int]]:
+        """Each repeat's split as it ended, worker name -> batch: the row's own (`split`, in the order
+        of `names`, the configured workers) until a re-split within that repeat moved it; each pass
+        starts its strategy anew, so one repeat's re-split does not carry into the next. Records from
+        before events named their repeat: every repeat at the workers' last batches."""
+        repeats = max(len(self.repeat_samples_per_s), 1)  # a trained row trained once at least
+        resplits = [e for e in self.events if "rebalanced" in e]
+        if not self.split or any("repeat" not in e for e in resplits):
+            return [{w.name: w.batch for w in self.workers}] * repeats
+        ends = [dict(zip(names, self.split)) for _ in range(repeats)]
+        for event in resplits:  # in the order they happened: the last of a repeat is where it ended
+            if event["repeat"] < repeats:
+                ends[event["repeat"]] = dict(event["rebalanced"])
+        return ends
 
     @property
     def drifted(self) -> dict[str, float]:
