@@ -44,7 +44,7 @@ def config(tmp_path, *overrides):
 def test_a_step_alone_is_the_line_through_the_two_batches():
     desk = desk_and_mac().alone[0]
     assert desk.step_s(256) == pytest.approx(0.276) and desk.step_s(64) == pytest.approx(0.084)
-    assert desk.fixed_s() == pytest.approx(0.020) and desk.step_s(128) == pytest.approx(0.148)
+    assert desk.step_s(0) == pytest.approx(0.020) and desk.step_s(128) == pytest.approx(0.148)
     assert desk.step_s(256, min) == pytest.approx(0.275) and desk.step_s(256, max) == pytest.approx(0.277)
     only_large = Alone("desk", 64, 256, (), (0.276,))  # the budget cut the small batch: no fixed cost
     assert only_large.step_s(128) == pytest.approx(0.138)
@@ -53,7 +53,7 @@ def test_a_step_alone_is_the_line_through_the_two_batches():
     # between the two the line holds (its zero is at 13 samples); below 64, the small batch's cost a sample
     resnet = Alone("mac", 64, 256, (0.667,), (3.28,))
     assert resnet.step_s(68) == pytest.approx(0.667 + 4 * (3.28 - 0.667) / 192) and resnet.step_s(256) == 3.28
-    assert resnet.step_s(32) == pytest.approx(0.667 / 2) and resnet.fixed_s() == 0
+    assert resnet.step_s(32) == pytest.approx(0.667 / 2) and resnet.step_s(0) == 0
 
 
 def test_the_second_batch_is_the_equal_split_s_share():
@@ -67,7 +67,7 @@ def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(
     measured = desk_and_mac()
     desk, mac = measured.alone
     slower = mac.at_speed(128.0)  # timed at 309 samples/s at the start, 128 around the row
-    assert slower.step_s(256) == pytest.approx(2.0) and slower.fixed_s() == pytest.approx(mac.fixed_s() * 2 / 0.828)
+    assert slower.step_s(256) == pytest.approx(2.0) and slower.step_s(0) == pytest.approx(mac.step_s(0) * 2 / 0.828)
     floors = [
         from_json({"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.05, "bytes": measured.model_bytes}),
         from_json({"strategy": "ps-floor", "status": "ok", "roundtrip_s": 0.1}),
