@@ -22,7 +22,7 @@ from hetbench.plan import (
     step_rate,
     worth_racing,
 )
-from hetbench.results.record import FloorPath
+from hetbench.results.record import FloorPath, from_json
 
 ALL = "strategies=[single, ray-ps, ray-ps-async, ray-train, dask-sync, ray-localsgd, torch-ddp]"
 PAIR = "workers=[{name: desk}, {name: mac, slowdown: 3.0}]"
@@ -33,6 +33,21 @@ def desk_and_mac(mac_times: float = 3.0, allreduce_s: float = 0.05, roundtrip_s:
     desk = Alone("desk", 64, 256, (0.083, 0.085, 0.084), (0.275, 0.277, 0.276))
     mac = Alone("mac", 64, 256, tuple(t * mac_times for t in desk.small_s), tuple(t * mac_times for t in desk.large_s))
     return Measured((desk, mac), allreduce_s, roundtrip_s, 1_199_882 * 4)
+
+
+def floor_records(measured: Measured) -> list:
+    """The race's two floors as its records hold them: desk_and_mac's all-reduce and round trip."""
+    return [
+        from_json(
+            {
+                "strategy": "gloo-floor",
+                "status": "ok",
+                "allreduce_s": measured.allreduce_s,
+                "bytes": measured.model_bytes,
+            }
+        ),
+        from_json({"strategy": "ps-floor", "status": "ok", "roundtrip_s": measured.roundtrip_s}),
+    ]
 
 
 def config(tmp_path, *overrides):
@@ -62,16 +77,11 @@ def test_the_second_batch_is_the_equal_split_s_share():
 
 
 def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(tmp_path):
-    from hetbench.results.record import from_json
-
     measured = desk_and_mac()
     desk, mac = measured.alone
     slower = mac.at_speed(128.0)  # timed at 309 samples/s at the start, 128 around the row
     assert slower.step_s(256) == pytest.approx(2.0) and slower.step_s(0) == pytest.approx(mac.step_s(0) * 2 / 0.828)
-    floors = [
-        from_json({"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.05, "bytes": measured.model_bytes}),
-        from_json({"strategy": "ps-floor", "status": "ok", "roundtrip_s": 0.1}),
-    ]
+    floors = floor_records(measured)
     speeds = {"desk": 256 / 0.276, "mac": 128.0}
     workers = [{"name": n, "device": "cpu", "batch": 128, "standalone_samples_per_s": v} for n, v in speeds.items()]
     row = {"strategy": "torch-ddp", "status": "ok", "balance": "equal", "samples_per_s": 200.0, "workers": workers}
@@ -87,13 +97,8 @@ def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(
 
 
 def test_a_row_whose_repeats_ended_at_different_splits_is_predicted_at_each(tmp_path):
-    from hetbench.results.record import from_json
-
     measured = desk_and_mac()
-    floors = [
-        from_json({"strategy": "gloo-floor", "status": "ok", "allreduce_s": 0.05, "bytes": measured.model_bytes}),
-        from_json({"strategy": "ps-floor", "status": "ok", "roundtrip_s": 0.1}),
-    ]
+    floors = floor_records(measured)
     workers = [{"name": "mac", "batch": 52}, {"name": "desk", "batch": 204}]  # as the last repeat ended
     row = {"strategy": "ray-train", "status": "ok", "balance": "auto", "split": [195, 61], "workers": workers}
     row |= {"samples_per_s": 660.0, "repeat_samples_per_s": [695.0, 630.0, 660.0]}
