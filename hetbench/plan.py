@@ -2,7 +2,8 @@
 
 What it predicts from (runner.plan measures it on the race's own cluster, and `hetbench run` the
 same at its start): each worker training alone at two global batches (a step's fixed cost and its
-cost per sample, on that device), and the two floors over the real link. From those and each
+cost per sample, on that device) and, at the smaller, with every worker training at once (what
+sharing one box's cores costs a row), and the two floors over the real link. From those and each
 strategy's pattern: a synchronous step waits for the slowest share, then moves the model
 `floor_transfers` times at the floor's all-reduce time (local SGD: once a round of `sync_every`
 steps); an asynchronous worker runs at its own pace, its gradient up and its weights down each
@@ -40,13 +41,27 @@ def second_batch(batch: int, workers: int) -> int:
 
 @dataclass(frozen=True)
 class Alone:
-    """One worker training alone: its seconds a step at two global batches, every timing of each."""
+    """One worker training alone: its seconds a step at two global batches, every timing of each;
+    and at the smaller while every other worker trained too."""
 
     name: str
     small: int  # samples a step
     large: int
     small_s: tuple[float, ...]  # seconds a step, each timing
     large_s: tuple[float, ...]
+    together_s: tuple[float, ...] = ()  # seconds a step of `small` with every worker training at once
+    # (standalone.measure_together): on separate machines as alone, on one box sharing its cores slower
+
+    @property
+    def sharing(self) -> float:
+        """How much longer a step takes while the others train too (1: no slower, or not timed)."""
+        if not self.together_s or not self.small_s:
+            return 1.0
+        return max(median(self.together_s) / median(self.small_s), 1.0)
+
+    def beside_others(self) -> Alone:
+        """These timings as the worker computes in a row, every other worker computing at once."""
+        return self._stretched(self.sharing)
 
     def step_s(self, batch: int, pick=median) -> float:
         """A step at `batch` on this worker: the line through the two batches' timings (`pick` of
@@ -63,17 +78,22 @@ class Alone:
         return max(line, small * batch / self.small) if batch < self.small else line
 
     def timed(self) -> str:
-        """Its median step at each batch timed: "a step of 256 in 1,344 ms, of 128 in 610 ms"."""
+        """Its median step at each batch timed: "a step of 256 in 1,344 ms, of 128 in 610 ms and 658 beside
+        the others"."""
         steps = [(self.large, self.large_s), (self.small, self.small_s)]
-        return "a step " + ", ".join(f"of {b} in {median(s) * 1e3:,.0f} ms" for b, s in steps if s)
+        said = "a step " + ", ".join(f"of {b} in {median(s) * 1e3:,.0f} ms" for b, s in steps if s)
+        return said + (f" and {median(self.together_s) * 1e3:,.0f} beside the others" if self.together_s else "")
 
     def at_speed(self, samples_per_s: float) -> Alone:
         """These timings with every step stretched alike so that the global batch runs at
         `samples_per_s`: the same machine timed faster or slower at another hour."""
-        factor = self.large / samples_per_s / median(self.large_s)
-        return replace(
-            self, small_s=tuple(s * factor for s in self.small_s), large_s=tuple(s * factor for s in self.large_s)
-        )
+        return self._stretched(self.large / samples_per_s / median(self.large_s))
+
+    def _stretched(self, factor: float) -> Alone:
+        def each(timings):
+            return tuple(s * factor for s in timings)
+
+        return replace(self, small_s=each(self.small_s), large_s=each(self.large_s), together_s=each(self.together_s))
 
 
 @dataclass(frozen=True)
@@ -90,6 +110,10 @@ class Measured:
     # ready, its float32 bytes), in that order (LoadedWorkload.gradients_ready); empty: not measured
     beside_server: frozenset[str] = frozenset()  # workers whose round trips to a parameter server
     # cross no link (runner.beside_server): no ps-floor is charged to them
+
+    def in_a_row(self) -> Measured:
+        """What a row's workers compute at: each one's timings stretched by its sharing."""
+        return replace(self, alone=tuple(a.beside_others() for a in self.alone))
 
 
 @dataclass(frozen=True)
@@ -221,6 +245,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
     """Strategy `name`'s row at `split` (each worker's batch, in measured.alone's order)."""
     batch = sum(split)
     best, alone = best_alone(measured, batch)
+    measured = measured.in_a_row()  # the best alone trains alone; a row's workers beside each other
     strategy = registry.load(name)(cfg.job(name))
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     if transfers is None and strategy.synchronous:

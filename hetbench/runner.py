@@ -30,7 +30,7 @@ from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
 from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
-from hetbench.standalone import Brackets, measure_standalone, speeds
+from hetbench.standalone import Brackets, measure_alone_and_together, measure_standalone, speeds
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.strategies.replica import Replica
@@ -203,21 +203,19 @@ def run_floors(cfg: Config, env: dict) -> list[FloorRecord]:
     return [from_json({"strategy": name, **base, "status": "ok", **f}) for name, f in zip(FLOORS, figures)]
 
 
-def alone_at_two_batches(
-    on: Config, room_s: float | None = None
-) -> tuple[dict[str, list[float]], tuple[Alone, ...], str]:
+def plan_timings(on: Config, room_s: float | None = None) -> tuple[dict[str, list[float]], tuple[Alone, ...], str]:
     """Each worker alone at the global batch (A B B A: samples/s, as `auto` splits by them), then at
-    the equal split's share of it (plan.second_batch), unless that would pass `room_s` seconds; as
+    the equal split's share of it (plan.second_batch), then at that share with every worker training
+    at once (standalone.measure_alone_and_together), unless those would pass `room_s` seconds; as
     plan.Alone too, and what was cut."""
     started, large = now(), on.run.batch_size
     small = second_batch(large, len(on.workers))
     at_large = measure_standalone(on.job())
-    at_small, cut = {}, ""
-    if room_s is None or (now() - started) * (1 + small / large) < room_s:  # a step costs about its share
-        job = on.job()
-        at_small = measure_standalone(replace(job, run=replace(job.run, batch_size=small)))
+    at_small, together, cut = {}, {}, ""
+    if room_s is None or (now() - started) * (1 + 1.5 * small / large) < room_s:  # a step costs about its share
+        at_small, together = measure_alone_and_together(replace(on, run=replace(on.run, batch_size=small)).job())
     else:
-        cut = f"the batch of {small} (a step's fixed cost taken as zero)"
+        cut = f"the batch of {small} (a step's fixed cost taken as zero, and a row's steps as alone)"
     alone = tuple(
         Alone(
             w.name,
@@ -225,6 +223,7 @@ def alone_at_two_batches(
             large,
             tuple(small / rate for rate in at_small.get(w.name, ())),
             tuple(large / rate for rate in at_large[w.name]),
+            tuple(small / rate for rate in together.get(w.name, ())),
         )
         for w in on.workers
     )
@@ -249,7 +248,7 @@ def plan(cfg: Config) -> str:
         on = replace(cfg, cluster=joined, workers=workers)
         open_ray(on)
         on = replace(on, run=replace(on.run, standalone_steps=cfg.plan.steps))
-        rates, alone, cut = alone_at_two_batches(on, budget - (now() - started))
+        rates, alone, cut = plan_timings(on, budget - (now() - started))
         floor = on.floor
         if now() - started > budget * 3 / 4:  # the floors cut to the fewest transfers that still say much
             floor = replace(floor, iterations=min(floor.iterations, 5))
@@ -304,7 +303,8 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
             compute = median([row.compute_s for row in rows]) if rows[0].synchronous else None
-            yield record, replace(record, plan=Planned(typical, low, high, compute, at_row=bracketed))
+            sharing = {a.name: a.sharing for a in timed_alone if a.together_s}
+            yield record, replace(record, plan=Planned(typical, low, high, compute, bracketed, sharing))
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
@@ -336,7 +336,7 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             planning = None  # the plan's alone timings (plan.check), made in this process
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
                 if cfg.plan.check:
-                    rates, timed_alone, _ = alone_at_two_batches(cluster_cfg)
+                    rates, timed_alone, _ = plan_timings(cluster_cfg)
                     planning = timed_alone, workload.gradients_ready(cfg.run)
                 else:
                     rates = measure_standalone(cluster_cfg.job())

@@ -22,18 +22,42 @@ WARMUP_STEPS = 3
 def measure_standalone(job: Job, order: list[int] | None = None) -> dict[str, list[float]]:
     """Worker name -> its samples/s training alone, one figure per timing: by default two each, in
     the order A B .. B A, so drift on a shared machine hits every worker alike; else in `order`."""
-    ranks = list(range(len(job.workers)))
     workers = place(job.cluster, job.workers, Replica, "standalone", job)
     try:
-        timed: dict[str, list[float]] = {w.name: [] for w in job.workers}
-        for rank in order or ranks + ranks[::-1]:
-            name = job.workers[rank].name
-            timed[name] += workers.results(
-                [workers.call(rank, "alone", job.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
-            )
-        return timed
+        return _alone(workers, job, order)
     finally:
         workers.close()
+
+
+def measure_alone_and_together(job: Job) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """As measure_standalone, then each worker's samples/s training alone on its own copy while every
+    other does the same (one figure each): a row's workers compute at once, and on one box they share
+    its cores, which timing each alone misses (on separate machines the two agree). The faster take
+    more steps, by their speeds alone, so that all of them train for about as long as the slowest."""
+    workers = place(job.cluster, job.workers, Replica, "standalone", job)
+    try:
+        alone = _alone(workers, job)
+        pace = speeds(alone)
+        slowest = min(pace.values())
+        calls = [
+            workers.call(rank, "alone", round(job.run.standalone_steps * pace[w.name] / slowest), WARMUP_STEPS)
+            for rank, w in enumerate(job.workers)
+        ]
+        together = workers.results(calls, "timing the workers together")
+        return alone, {w.name: [rate] for w, rate in zip(job.workers, together)}
+    finally:
+        workers.close()
+
+
+def _alone(workers, job: Job, order: list[int] | None = None) -> dict[str, list[float]]:
+    ranks = list(range(len(job.workers)))
+    timed: dict[str, list[float]] = {w.name: [] for w in job.workers}
+    for rank in order or ranks + ranks[::-1]:
+        name = job.workers[rank].name
+        timed[name] += workers.results(
+            [workers.call(rank, "alone", job.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
+        )
+    return timed
 
 
 class Brackets:

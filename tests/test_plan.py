@@ -71,6 +71,23 @@ def test_a_step_alone_is_the_line_through_the_two_batches():
     assert resnet.step_s(32) == pytest.approx(0.667 / 2) and resnet.step_s(0) == 0
 
 
+def test_a_row_s_workers_compute_as_much_slower_as_timed_beside_each_other(tmp_path):
+    measured = desk_and_mac()
+    desk, mac = measured.alone
+    # on one box the two share its cores: timed together, the mac's step of 64 took 10% longer
+    shared = replace(measured, alone=(replace(desk, together_s=(0.080,)), replace(mac, together_s=(0.2772,))))
+    assert shared.alone[1].sharing == pytest.approx(1.1) and shared.alone[0].sharing == 1.0  # faster: noise
+    assert shared.alone[1].timed() == "a step of 256 in 828 ms, of 64 in 252 ms and 277 beside the others"
+    assert shared.alone[1].at_speed(256 / 1.656).sharing == pytest.approx(1.1)  # an hour's drift keeps it
+    rows = {r.label: r for r in predict(config(tmp_path, "strategies=[single, dask-sync]"), shared)}
+    auto, plain = rows["dask-sync [auto]"], {r.label: r for r in predict(config(tmp_path), measured)}
+    (fast, slow) = auto.split
+    assert auto.compute_s == pytest.approx(mac.step_s(slow) * 1.1) and auto.compute_s > desk.step_s(fast)
+    # the best alone trains alone: only the row's side moved
+    assert auto.vs_alone[1] == pytest.approx(auto.samples_per_s[1] / (256 / desk.step_s(256)))
+    assert auto.split == plain["dask-sync [auto]"].split  # auto splits by the speeds alone, as a race does
+
+
 def test_the_second_batch_is_the_equal_split_s_share():
     assert [second_batch(256, n) for n in (1, 2, 3, 4)] == [128, 128, 85, 64]
     assert second_batch(3, 4) == 1
@@ -266,7 +283,8 @@ def test_plan_measures_on_the_cluster_and_answers_in_the_race_s_words(cli, tmp_p
     out = result.stdout
     assert out.startswith("# Plan: quick (mnist-cnn, global batch 64)") and "all-reduce of 4.8 MB " in out
     # each worker timed at the global batch and at the equal split's share, where the equal rows train
-    assert re.search(r"desk [\d,]+ samples/s alone \(a step of 64 in [\d,]+ ms, of 32 in [\d,]+ ms\)", out)
+    assert re.search(r"desk [\d,]+ samples/s alone \(a step of 64 in [\d,]+ ms, of 32 in [\d,]+ ms", out)
+    assert re.search(r"mac [^;]* ms and [\d,]+ beside the others\)", out)  # and with every worker at once
     assert "failed" not in out and "desk " in out and "mac " in out
     for name in ("ray-ps", "ray-ps-async", "ray-train", "dask-sync", "ray-localsgd", "torch-ddp"):
         assert f"| {name} [auto] " in out
@@ -307,8 +325,10 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     single = records["single"]["samples_per_s"]
     assert f"({records['torch-ddp']['plan']['samples_per_s'] / single:.2f}x)" in ddp  # beside vs baseline
     assert records["torch-ddp"]["plan"]["compute_s"] > 0  # its step's compute, apart from the link
+    assert set(records["torch-ddp"]["plan"]["sharing"]) == {"desk", "mac"}  # timed together at the start
     said = re.search(
-        r"The plan, from this run's timings, each worker's at its speed alone around the row.*? ms\): (.*?)\.$",
+        r"The plan, from this run's timings, each worker's at its speed alone around the row and as much "
+        r"slower as beside the others at the start \(desk \d\.\d\dx, mac \d\.\d\dx\).*? ms\): (.*?)\.$",
         (tmp_path / "quick.md").read_text(),
         re.M,
     )

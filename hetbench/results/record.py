@@ -178,6 +178,8 @@ class Planned:
     compute_s: float | None = None  # of its step, the slowest share's alone (median timings); the rest
     # is its link. None: an asynchronous row, or a record from before it was kept
     at_row: bool = False  # each worker at its speed alone around the row (else as timed at the run's start)
+    sharing: dict[str, float] = field(default_factory=dict)  # worker -> its step with every worker training
+    # at once over its step alone, timed at the run's start (plan.Alone.sharing); empty: not timed
 
 
 @dataclass(frozen=True)
