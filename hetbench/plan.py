@@ -50,7 +50,7 @@ class Alone:
     small_s: tuple[float, ...]  # seconds a step, each timing
     large_s: tuple[float, ...]
     together_s: tuple[float, ...] = ()  # seconds a step of `small` with every worker training at once
-    # (standalone.measure_together): on separate machines as alone, on one box sharing its cores slower
+    # (standalone.measure_alone_and_together): on separate machines as alone, on one shared box slower
 
     @property
     def sharing(self) -> float:
