@@ -212,7 +212,8 @@ def plan_timings(on: Config, room_s: float | None = None) -> tuple[dict[str, lis
     small = second_batch(large, len(on.workers))
     at_large = measure_standalone(on.job())
     at_small, together, cut = {}, {}, ""
-    if room_s is None or (now() - started) * (1 + 1.5 * small / large) < room_s:  # a step costs about its share
+    # a step costs about its share; timed together, one step each at once: about half the alone timings' two
+    if room_s is None or (now() - started) * (1 + 1.5 * small / large) < room_s:
         at_small, together = measure_alone_and_together(replace(on, run=replace(on.run, batch_size=small)).job())
     else:
         cut = f"the batch of {small} (a step's fixed cost taken as zero, and a row's steps as alone)"
@@ -284,6 +285,7 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     beside = beside_server(cfg.workers, floors[1].path)
     measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready, beside_server=beside)
     names = [a.name for a in timed_alone]  # the configured workers, in order
+    sharing = {a.name: a.sharing for a in timed_alone if a.together_s}  # timed once, at the run's start
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue
@@ -303,7 +305,6 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
             compute = median([row.compute_s for row in rows]) if rows[0].synchronous else None
-            sharing = {a.name: a.sharing for a in timed_alone if a.together_s}
             yield record, replace(record, plan=Planned(typical, low, high, compute, bracketed, sharing))
 
 
