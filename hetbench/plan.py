@@ -2,8 +2,9 @@
 
 What it predicts from (runner.plan measures it on the race's own cluster, and `hetbench run` the
 same at its start): each worker training alone at two global batches (a step's fixed cost and its
-cost per sample, on that device) and, at the smaller, with every worker training at once (what
-sharing one box's cores costs a row), and the two floors over the real link. From those and each
+cost per sample, on that device) and, at the smaller, with every worker training at once, in
+lockstep and each at its own pace (what sharing one box's cores costs a row), and the two floors
+over the real link. From those and each
 strategy's pattern: a synchronous step waits for the slowest share, then moves the model
 `floor_transfers` times at the floor's all-reduce time (local SGD: once a round of `sync_every`
 steps); an asynchronous worker runs at its own pace, its gradient up and its weights down each
@@ -42,26 +43,29 @@ def second_batch(batch: int, workers: int) -> int:
 @dataclass(frozen=True)
 class Alone:
     """One worker training alone: its seconds a step at two global batches, every timing of each;
-    and at the smaller while every other worker trained too."""
+    and at the smaller while every other worker trained too (standalone.measure_alone_and_together:
+    on separate machines as alone, on one shared box slower)."""
 
     name: str
     small: int  # samples a step
     large: int
     small_s: tuple[float, ...]  # seconds a step, each timing
     large_s: tuple[float, ...]
-    together_s: tuple[float, ...] = ()  # seconds a step of `small` with every worker training at once
-    # (standalone.measure_alone_and_together): on separate machines as alone, on one shared box slower
+    free_s: tuple[float, ...] = ()  # seconds a step of `small`, every worker training at once at its own pace
+    lockstep_s: tuple[float, ...] = ()  # the same with every step started together, one figure a step
 
-    @property
-    def sharing(self) -> float:
-        """How much longer a step takes while the others train too (1: no slower, or not timed)."""
-        if not self.together_s or not self.small_s:
+    def sharing(self, synchronous: bool) -> float:
+        """How much longer a step takes while the others train too: in lockstep, as a synchronous
+        row's workers step after each sync, or each at its own pace, as an asynchronous row's (1: no
+        slower, or not timed)."""
+        beside = self.lockstep_s if synchronous else self.free_s
+        if not beside or not self.small_s:
             return 1.0
-        return max(median(self.together_s) / median(self.small_s), 1.0)
+        return max(median(beside) / median(self.small_s), 1.0)
 
-    def beside_others(self) -> Alone:
+    def beside_others(self, synchronous: bool) -> Alone:
         """These timings as the worker computes in a row, every other worker computing at once."""
-        return self._stretched(self.sharing)
+        return self._stretched(self.sharing(synchronous))
 
     def step_s(self, batch: int, pick=median) -> float:
         """A step at `batch` on this worker: the line through the two batches' timings (`pick` of
@@ -78,11 +82,14 @@ class Alone:
         return max(line, small * batch / self.small) if batch < self.small else line
 
     def timed(self) -> str:
-        """Its median step at each batch timed: "a step of 256 in 1,344 ms, of 128 in 610 ms and 658 beside
-        the others"."""
+        """Its median step at each batch timed: "a step of 256 in 1,344 ms, of 128 in 610 ms; beside
+        the others 658 in lockstep, 640 at its own pace"."""
         steps = [(self.large, self.large_s), (self.small, self.small_s)]
         said = "a step " + ", ".join(f"of {b} in {median(s) * 1e3:,.0f} ms" for b, s in steps if s)
-        return said + (f" and {median(self.together_s) * 1e3:,.0f} beside the others" if self.together_s else "")
+        if self.lockstep_s and self.free_s:
+            ms = [median(s) * 1e3 for s in (self.lockstep_s, self.free_s)]
+            said += f"; beside the others {ms[0]:,.0f} in lockstep, {ms[1]:,.0f} at its own pace"
+        return said
 
     def at_speed(self, samples_per_s: float) -> Alone:
         """These timings with every step stretched alike so that the global batch runs at
@@ -93,7 +100,8 @@ class Alone:
         def each(timings):
             return tuple(s * factor for s in timings)
 
-        return replace(self, small_s=each(self.small_s), large_s=each(self.large_s), together_s=each(self.together_s))
+        timings = ("small_s", "large_s", "free_s", "lockstep_s")
+        return replace(self, **{name: each(getattr(self, name)) for name in timings})
 
 
 @dataclass(frozen=True)
@@ -111,9 +119,9 @@ class Measured:
     beside_server: frozenset[str] = frozenset()  # workers whose round trips to a parameter server
     # cross no link (runner.beside_server): no ps-floor is charged to them
 
-    def in_a_row(self) -> Measured:
+    def in_a_row(self, synchronous: bool) -> Measured:
         """What a row's workers compute at: each one's timings stretched by its sharing."""
-        return replace(self, alone=tuple(a.beside_others() for a in self.alone))
+        return replace(self, alone=tuple(a.beside_others(synchronous) for a in self.alone))
 
 
 @dataclass(frozen=True)
@@ -245,8 +253,8 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
     """Strategy `name`'s row at `split` (each worker's batch, in measured.alone's order)."""
     batch = sum(split)
     best, alone = best_alone(measured, batch)
-    measured = measured.in_a_row()  # the best alone trains alone; a row's workers beside each other
     strategy = registry.load(name)(cfg.job(name))
+    measured = measured.in_a_row(strategy.synchronous)  # the best alone trains alone; a row's workers beside each other
     transfers, width = strategy.floor_transfers, WIRE_DTYPES[strategy.wire_dtype].itemsize
     if transfers is None and strategy.synchronous:
         return None  # no link crossed (nothing to predict it by)

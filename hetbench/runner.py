@@ -30,7 +30,7 @@ from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
 from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
-from hetbench.standalone import Brackets, measure_alone_and_together, measure_standalone, speeds
+from hetbench.standalone import Brackets, Together, measure_alone_and_together, measure_standalone, speeds
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.strategies.replica import Replica
@@ -211,20 +211,25 @@ def plan_timings(on: Config, room_s: float | None = None) -> tuple[dict[str, lis
     started, large = now(), on.run.batch_size
     small = second_batch(large, len(on.workers))
     at_large = measure_standalone(on.job())
-    at_small, together, cut = {}, {}, ""
-    # a step costs about its share; timed together, one step each at once: about half the alone timings' two
-    if room_s is None or (now() - started) * (1 + 1.5 * small / large) < room_s:
-        at_small, together = measure_alone_and_together(replace(on, run=replace(on.run, batch_size=small)).job())
+    at_small, cut = Together({}, {}, {}), ""
+    # a step costs about its share; each timing together, one step each at once: about half the alone timings' two
+    if room_s is None or (now() - started) * (1 + 2 * small / large) < room_s:
+        at_small = measure_alone_and_together(replace(on, run=replace(on.run, batch_size=small)).job())
     else:
         cut = f"the batch of {small} (a step's fixed cost taken as zero, and a row's steps as alone)"
+
+    def seconds(timed: dict[str, list[float]], name: str, batch: int = small) -> tuple[float, ...]:
+        return tuple(batch / rate for rate in timed.get(name, ()))
+
     alone = tuple(
         Alone(
             w.name,
             small,
             large,
-            tuple(small / rate for rate in at_small.get(w.name, ())),
-            tuple(large / rate for rate in at_large[w.name]),
-            tuple(small / rate for rate in together.get(w.name, ())),
+            seconds(at_small.alone, w.name),
+            seconds(at_large, w.name, large),
+            seconds(at_small.free, w.name),
+            seconds(at_small.lockstep, w.name),
         )
         for w in on.workers
     )
@@ -285,7 +290,8 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     beside = beside_server(cfg.workers, floors[1].path)
     measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready, beside_server=beside)
     names = [a.name for a in timed_alone]  # the configured workers, in order
-    sharing = {a.name: a.sharing for a in timed_alone if a.together_s}  # timed once, at the run's start
+    # timed once, at the run's start: a synchronous row's workers in lockstep, an asynchronous one's at their own pace
+    sharing = {sync: {a.name: a.sharing(sync) for a in timed_alone if a.free_s} for sync in (True, False)}
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue
@@ -305,7 +311,8 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
             compute = median([row.compute_s for row in rows]) if rows[0].synchronous else None
-            yield record, replace(record, plan=Planned(typical, low, high, compute, bracketed, sharing))
+            sync = rows[0].synchronous
+            yield record, replace(record, plan=Planned(typical, low, high, compute, bracketed, sharing[sync], sync))
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:

@@ -11,6 +11,8 @@ the speed its workers had while it ran, not an hour before.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from hetbench.clock import median
 from hetbench.cluster.place import place
 from hetbench.config import Job
@@ -29,11 +31,22 @@ def measure_standalone(job: Job, order: list[int] | None = None) -> dict[str, li
         workers.close()
 
 
-def measure_alone_and_together(job: Job) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """As measure_standalone, then each worker's samples/s training alone on its own copy while every
-    other does the same (one figure each): a row's workers compute at once, and on one box they share
-    its cores, which timing each alone misses (on separate machines the two agree). The faster take
-    more steps, by their speeds alone, so that all of them train for about as long as the slowest."""
+@dataclass(frozen=True)
+class Together:
+    """Each worker's samples/s alone (two timings, A B B A), then with every worker training at once,
+    each alone on its own copy: worker name -> its figures."""
+
+    alone: dict[str, list[float]]
+    free: dict[str, list[float]]  # each at its own pace, one figure (as an asynchronous row's workers)
+    lockstep: dict[str, list[float]]  # every step started together, one figure a step (as a synchronous
+    # row's, after each sync: an emulated machine's real compute lands on the others' every step)
+
+
+def measure_alone_and_together(job: Job) -> Together:
+    """As measure_standalone, then every worker training at once: a row's workers compute at once,
+    and on one box they share its cores, which timing each alone misses (on separate machines the
+    two agree). Free-running, the faster take more steps, by their speeds alone, so that all of them
+    train for about as long as the slowest; in lockstep, each step waits for the slowest's."""
     workers = place(job.cluster, job.workers, Replica, "standalone", job)
     try:
         alone = _alone(workers, job)
@@ -43,8 +56,18 @@ def measure_alone_and_together(job: Job) -> tuple[dict[str, list[float]], dict[s
             workers.call(rank, "alone", round(job.run.standalone_steps * pace[w.name] / slowest), WARMUP_STEPS)
             for rank, w in enumerate(job.workers)
         ]
-        together = workers.results(calls, "timing the workers together")
-        return alone, {w.name: [rate] for w, rate in zip(job.workers, together)}
+        free = workers.results(calls, "timing the workers together")
+        ranks = range(len(job.workers))
+        workers.results([workers.call(rank, "begin_alone", WARMUP_STEPS) for rank in ranks], "warming up together")
+        steps = [
+            workers.results([workers.call(rank, "alone_step") for rank in ranks], "timing the workers in lockstep")
+            for _ in range(job.run.standalone_steps)
+        ]
+        return Together(
+            alone,
+            {w.name: [rate] for w, rate in zip(job.workers, free)},
+            {w.name: [job.run.batch_size / step[rank] for step in steps] for rank, w in enumerate(job.workers)},
+        )
     finally:
         workers.close()
 

@@ -56,6 +56,9 @@ class Replica:
     # from each compute:
     returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
     samples = 0  # how many samples my last gradient was computed on (a re-split may land after it)
+    # from begin_alone:
+    optimizer_alone: torch.optim.Optimizer
+    steps_alone = 0  # steps trained alone since, the warmup's included
 
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
         configure_threads(job.run.threads, threads_share)
@@ -158,18 +161,29 @@ class Replica:
     def alone(self, steps: int, warmup: int) -> float:
         """This worker training alone on the whole global batch (forward, backward, update): samples/s."""
         batches, rank = self.batches, self.rank
-        self.batches, self.rank = [self.job.run.batch_size], 0  # my slice is now the whole batch
         try:
-            self.reset(self.job.run.seed)
-            optimizer = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
-            for step in range(warmup + steps):
-                if step == warmup:
-                    self.watch.read()  # the warmup's spans: not timed
-                self.local_step(step)
-                self.work(optimizer.step)
-            return self.job.run.batch_size * steps / self.watch.read().span_s
+            self.begin_alone(warmup)
+            return self.job.run.batch_size * steps / sum(self.alone_step() for _ in range(steps))
         finally:
             self.batches, self.rank = batches, rank
+
+    def begin_alone(self, warmup: int) -> None:
+        """From here I train alone on the whole global batch, a step a call (`alone_step`): a fresh
+        model and optimizer, then `warmup` steps untimed. Steps a call let a timing start every
+        worker's steps together, as a synchronous row does after each sync."""
+        self.batches, self.rank = [self.job.run.batch_size], 0  # my slice is now the whole batch
+        self.reset(self.job.run.seed)
+        self.optimizer_alone = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
+        self.steps_alone = 0
+        for _ in range(warmup):
+            self.alone_step()
+
+    def alone_step(self) -> float:
+        """One more step alone (after `begin_alone`): its seconds, forward, backward and update."""
+        self.local_step(self.steps_alone)
+        self.work(self.optimizer_alone.step)
+        self.steps_alone += 1
+        return self.watch.read().span_s
 
     def my_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """My slice of global batch `step`: inputs (prepared from my stored copy), labels and dropout

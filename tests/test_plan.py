@@ -18,6 +18,7 @@ from hetbench.plan import (
     buckets,
     overlapped_s,
     predict,
+    predict_row,
     second_batch,
     step_rate,
     worth_racing,
@@ -74,18 +75,30 @@ def test_a_step_alone_is_the_line_through_the_two_batches():
 def test_a_row_s_workers_compute_as_much_slower_as_timed_beside_each_other(tmp_path):
     measured = desk_and_mac()
     desk, mac = measured.alone
-    # on one box the two share its cores: timed together, the mac's step of 64 took 10% longer
-    shared = replace(measured, alone=(replace(desk, together_s=(0.080,)), replace(mac, together_s=(0.2772,))))
-    assert shared.alone[1].sharing == pytest.approx(1.1) and shared.alone[0].sharing == 1.0  # faster: noise
-    assert shared.alone[1].timed() == "a step of 256 in 828 ms, of 64 in 252 ms and 277 beside the others"
-    assert shared.alone[1].at_speed(256 / 1.656).sharing == pytest.approx(1.1)  # an hour's drift keeps it
-    rows = {r.label: r for r in predict(config(tmp_path, "strategies=[single, dask-sync]"), shared)}
-    auto, plain = rows["dask-sync [auto]"], {r.label: r for r in predict(config(tmp_path), measured)}
+    # on one box the two share its cores. Timed together, each step started with the other's (as a
+    # synchronous row's after its sync), both steps of 64 took 10% longer; each at its own pace the
+    # desk's took 5% longer, the mac's less than alone
+    desk = replace(desk, lockstep_s=(0.0923, 0.0924, 0.0931), free_s=(0.0882,))
+    shared = replace(measured, alone=(desk, replace(mac, lockstep_s=(0.2772, 0.2771, 0.2790), free_s=(0.2500,))))
+    assert [a.sharing(True) for a in shared.alone] == pytest.approx([1.1, 1.1])
+    assert [a.sharing(False) for a in shared.alone] == pytest.approx([1.05, 1.0])  # faster: noise
+    said = "a step of 256 in 828 ms, of 64 in 252 ms; beside the others 277 in lockstep, 250 at its own pace"
+    assert shared.alone[1].timed() == said
+    assert shared.alone[1].at_speed(256 / 1.656).sharing(True) == pytest.approx(1.1)  # an hour's drift keeps it
+    cfg = config(tmp_path, "strategies=[single, dask-sync, ray-ps-async]")
+    rows, plain = ({r.label: r for r in predict(cfg, m)} for m in (shared, measured))
+    auto = rows["dask-sync [auto]"]
     (fast, slow) = auto.split
     assert auto.compute_s == pytest.approx(mac.step_s(slow) * 1.1) and auto.compute_s > desk.step_s(fast)
     # the best alone trains alone: only the row's side moved
     assert auto.vs_alone[1] == pytest.approx(auto.samples_per_s[1] / (256 / desk.step_s(256)))
     assert auto.split == plain["dask-sync [auto]"].split  # auto splits by the speeds alone, as a race does
+    # an asynchronous row's workers at their own pace: the desk's steps 5% longer, the mac's as alone
+    cfg, alone = config(tmp_path, "strategies=[single, ray-ps-async]"), measured.alone[0]
+    at_own_pace = replace(measured, alone=(alone.at_speed(256 / alone.step_s(256) / 1.05), mac))
+    split = list(rows["ray-ps-async [auto]"].split)
+    expected = predict_row(cfg, at_own_pace, "ray-ps-async", "auto", split).samples_per_s
+    assert rows["ray-ps-async [auto]"].samples_per_s == pytest.approx(expected)
 
 
 def test_the_second_batch_is_the_equal_split_s_share():
@@ -284,7 +297,8 @@ def test_plan_measures_on_the_cluster_and_answers_in_the_race_s_words(cli, tmp_p
     assert out.startswith("# Plan: quick (mnist-cnn, global batch 64)") and "all-reduce of 4.8 MB " in out
     # each worker timed at the global batch and at the equal split's share, where the equal rows train
     assert re.search(r"desk [\d,]+ samples/s alone \(a step of 64 in [\d,]+ ms, of 32 in [\d,]+ ms", out)
-    assert re.search(r"mac [^;]* ms and [\d,]+ beside the others\)", out)  # and with every worker at once
+    # and with every worker at once, in lockstep and at its own pace
+    assert re.search(r"mac [^;]* ms; beside the others [\d,]+ in lockstep, [\d,]+ at its own pace\)", out)
     assert "failed" not in out and "desk " in out and "mac " in out
     for name in ("ray-ps", "ray-ps-async", "ray-train", "dask-sync", "ray-localsgd", "torch-ddp"):
         assert f"| {name} [auto] " in out
@@ -328,7 +342,7 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     assert set(records["torch-ddp"]["plan"]["sharing"]) == {"desk", "mac"}  # timed together at the start
     said = re.search(
         r"The plan, from this run's timings, each worker's at its speed alone around the row and as much "
-        r"slower as beside the others at the start \(desk \d\.\d\dx, mac \d\.\d\dx\).*? ms\): (.*?)\.$",
+        r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? ms\): (.*?)\.$",
         (tmp_path / "quick.md").read_text(),
         re.M,
     )

@@ -1,5 +1,7 @@
 """The workers timed alone around each row they judge: when, in which order, and what the row keeps."""
 
+from dataclasses import replace
+
 import pytest
 
 from helpers import small_config
@@ -7,6 +9,7 @@ from hetbench import standalone
 from hetbench.results.record import from_json
 from hetbench.results.report import alone
 from hetbench.results.rows import bracketed
+from hetbench.strategies.replica import Replica
 
 
 @pytest.fixture
@@ -60,3 +63,67 @@ def test_a_row_is_judged_by_its_own_bracket_and_the_table_shows_each_timing_once
 def test_records_from_before_the_brackets_show_the_runs_start_and_end():
     kept = {"strategy": "ray-ps", "standalone_timings": {"a": {"start": [100.0, 102.0], "end": [90.0, 91.0]}}}
     assert alone([from_json(kept)]) == "alone, samples/s (each timing; start of the run -> end): a 100/102 -> 90/91\n\n"
+
+
+class InProcess:
+    """A placement whose workers are Replicas in this process: each call runs as it is started, and
+    every call and every read of results is logged in order."""
+
+    def __init__(self, cluster, workers, role, name, job) -> None:
+        self.replicas = [Replica() for _ in workers]
+        for rank, worker in enumerate(self.replicas):
+            worker.setup(job, rank, len(workers))
+        self.log: list[tuple] = []
+        self.stepped: list[tuple[int, float]] = []  # (rank, seconds) of each alone_step
+        self.closed = False
+
+    def call(self, rank: int, method: str, *args):
+        self.log.append((method, rank))
+        value = getattr(self.replicas[rank], method)(*args)
+        if method == "alone_step":
+            self.stepped.append((rank, value))
+        return value
+
+    def results(self, handles: list, doing: str, survivable: bool = False) -> list:
+        self.log.append(("read", len(handles)))
+        return handles
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_workers_timed_together_in_lockstep_start_every_step_together(tmp_path, monkeypatch):
+    placed: list[InProcess] = []
+    monkeypatch.setattr(standalone, "place", lambda *a: placed.append(InProcess(*a)) or placed[-1])
+    job = small_config(tmp_path, "workers=[{name: desk}, {name: mac, slowdown: 2.0}]", "batch_size=16").job()
+    job = replace(job, run=replace(job.run, standalone_steps=3))
+    together = standalone.measure_alone_and_together(job)
+    (workers,) = placed
+    assert workers.closed
+    lockstep = workers.log[workers.log.index(("begin_alone", 0)) :]
+    # every worker warmed up, then each step: one call a worker, read together before the next starts
+    assert (
+        lockstep
+        == [("begin_alone", 0), ("begin_alone", 1), ("read", 2)]
+        + [
+            ("alone_step", 0),
+            ("alone_step", 1),
+            ("read", 2),
+        ]
+        * 3
+    )
+    assert [w.steps_alone for w in workers.replicas] == [standalone.WARMUP_STEPS + 3] * 2
+    assert {name: len(rates) for name, rates in together.lockstep.items()} == {"desk": 3, "mac": 3}  # a figure a step
+    assert {name: len(rates) for name, rates in together.alone.items()} == {"desk": 2, "mac": 2}  # A B B A
+    # each step's figure is the global batch over that worker's seconds (the warmup's: not a call's)
+    for rank, name in enumerate(("desk", "mac")):
+        seconds = [s for r, s in workers.stepped if r == rank]
+        assert together.lockstep[name] == [16 / s for s in seconds] and min(seconds) > 0
+
+
+def test_a_worker_timed_alone_keeps_its_share_of_a_row_s_batch(tmp_path):
+    job = small_config(tmp_path, "workers=[{name: desk}, {name: mac}]", "batch_size=16").job()
+    worker = Replica()
+    worker.setup(job, 1, 2)
+    assert worker.alone(2, 1) > 0 and worker.steps_alone == 3
+    assert (worker.batches, worker.rank) == ([8, 8], 1)  # its slice of a row: as before the timing

@@ -180,6 +180,8 @@ class Planned:
     at_row: bool = False  # each worker at its speed alone around the row (else as timed at the run's start)
     sharing: dict[str, float] = field(default_factory=dict)  # worker -> its step with every worker training
     # at once over its step alone, timed at the run's start (plan.Alone.sharing); empty: not timed
+    lockstep: bool = False  # `sharing` timed with every step started together, as a synchronous row's
+    # workers step; else each at its own pace (an asynchronous row's, and every row's in older records)
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,13 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
         timed = "this run's timings before any row"
         if any(r.plan.at_row for r, _ in checked):
             timed = "this run's timings, each worker's at its speed alone around the row"
-        if sharing := next((r.plan.sharing for r, _ in checked if r.plan.sharing), None):
-            slower = ", ".join(f"{name} {factor:.2f}x" for name, factor in sharing.items())
-            timed += f" and as much slower as beside the others at the start ({slower})"
+        slower = []
+        for way, lockstep in (("in lockstep", True), ("at their own pace", False)):
+            rows = [r for r, _ in checked if r.plan.sharing and r.plan.lockstep == lockstep]
+            if rows:
+                slower.append(f"{way}: " + ", ".join(f"{n} {f:.2f}x" for n, f in rows[0].plan.sharing.items()))
+        if slower:
+            timed += f" and as much slower as beside the others at the start ({'; '.join(slower)})"
         said += f" The plan, from {timed}, against measured"
         if any(where for _, where in checked):
             said += " (in brackets, its slowest compute and the rest of its step, predicted/measured ms)"
