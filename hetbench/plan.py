@@ -139,6 +139,7 @@ class RowPlan:
     note: str = ""
     synchronous: bool = True  # a barrier each step: its samples/s say its time to a target, as single's do
     exposed_s: float | None = None  # of sync_s, what is left after backward where buckets go out during it
+    shares_s: tuple[float, ...] = ()  # each worker's step at its share, as compute_s (in measured.alone's order)
 
     @property
     def label(self) -> str:
@@ -268,6 +269,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
     rates = spread([rate(pick=pick) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
     compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
+    shares = tuple(a.step_s(b) for a, b in zip(measured.alone, split))
     exposed = sum(split) / rates[1] - compute if overlap else None
     return RowPlan(
         name,
@@ -281,6 +283,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         note(cfg, strategy, measured, split, alone[1], batch),
         strategy.synchronous,
         exposed,
+        shares,
     )
 
 

@@ -30,7 +30,7 @@ from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
 from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
-from hetbench.standalone import Brackets, Together, measure_alone_and_together, measure_standalone, speeds
+from hetbench.standalone import Brackets, measure_alone_and_together, measure_standalone, speeds
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServer
 from hetbench.strategies.replica import Replica
@@ -204,36 +204,31 @@ def run_floors(cfg: Config, env: dict) -> list[FloorRecord]:
 
 
 def plan_timings(on: Config, room_s: float | None = None) -> tuple[dict[str, list[float]], tuple[Alone, ...], str]:
-    """Each worker alone at the global batch (A B B A: samples/s, as `auto` splits by them), then at
-    the equal split's share of it (plan.second_batch), then at that share with every worker training
-    at once (standalone.measure_alone_and_together), unless those would pass `room_s` seconds; as
+    """Each worker alone at the global batch (samples/s, as `auto` splits by them) and at the equal
+    split's share of it (plan.second_batch), then at that share with every worker training at once
+    (standalone.measure_alone_and_together), unless those would pass `room_s` seconds; as
     plan.Alone too, and what was cut."""
-    started, large = now(), on.run.batch_size
+    large = on.run.batch_size
     small = second_batch(large, len(on.workers))
-    at_large = measure_standalone(on.job())
-    at_small, cut = Together({}, {}, {}), ""
-    # a step costs about its share; each timing together, one step each at once: about half the alone timings' two
-    if room_s is None or (now() - started) * (1 + 2 * small / large) < room_s:
-        at_small = measure_alone_and_together(replace(on, run=replace(on.run, batch_size=small)).job())
-    else:
-        cut = f"the batch of {small} (a step's fixed cost taken as zero, and a row's steps as alone)"
+    timed = measure_alone_and_together(on.job(), small, room_s)
+    cut = "" if timed.small else f"the batch of {small} (a step's fixed cost taken as zero, and a row's steps as alone)"
 
-    def seconds(timed: dict[str, list[float]], name: str, batch: int = small) -> tuple[float, ...]:
-        return tuple(batch / rate for rate in timed.get(name, ()))
+    def seconds(rates: dict[str, list[float]], name: str, batch: int = small) -> tuple[float, ...]:
+        return tuple(batch / rate for rate in rates.get(name, ()))
 
     alone = tuple(
         Alone(
             w.name,
             small,
             large,
-            seconds(at_small.alone, w.name),
-            seconds(at_large, w.name, large),
-            seconds(at_small.free, w.name),
-            seconds(at_small.lockstep, w.name),
+            seconds(timed.small, w.name),
+            seconds(timed.large, w.name, large),
+            seconds(timed.free, w.name),
+            seconds(timed.lockstep, w.name),
         )
         for w in on.workers
     )
-    return at_large, alone, cut
+    return timed.large, alone, cut
 
 
 def plan(cfg: Config) -> str:
@@ -312,7 +307,9 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
             compute = median([row.compute_s for row in rows]) if rows[0].synchronous else None
             sync = rows[0].synchronous
-            yield record, replace(record, plan=Planned(typical, low, high, compute, bracketed, sharing[sync], sync))
+            each = {name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)}
+            planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, worker_compute_s=each)
+            yield record, replace(record, plan=planned)
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:

@@ -11,6 +11,7 @@ the speed its workers had while it ran, not an hour before.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from hetbench.clock import median
@@ -33,54 +34,73 @@ def measure_standalone(job: Job, order: list[int] | None = None) -> dict[str, li
 
 @dataclass(frozen=True)
 class Together:
-    """Each worker's samples/s alone (two timings, A B B A), then with every worker training at once,
-    each alone on its own copy: worker name -> its figures."""
+    """Each worker's samples/s alone at two global batches, then at the smaller with every worker
+    training at once, each alone on its own copy: worker name -> its figures (empty: not timed)."""
 
-    alone: dict[str, list[float]]
-    free: dict[str, list[float]]  # each at its own pace, one figure (as an asynchronous row's workers)
-    lockstep: dict[str, list[float]]  # every step started together, one figure a step (as a synchronous
-    # row's, after each sync: an emulated machine's real compute lands on the others' every step)
+    large: dict[str, list[float]]  # alone at the job's global batch, two timings (A B .. B A)
+    small: dict[str, list[float]]  # alone at the smaller, two timings
+    free: dict[str, list[float]]  # all at once, each at its own pace, one figure (an asynchronous row's)
+    lockstep: dict[str, list[float]]  # all at once, every step started together, one figure a step (a
+    # synchronous row's after each sync: an emulated machine's real compute lands on the others' every step)
 
 
-def measure_alone_and_together(job: Job) -> Together:
-    """As measure_standalone, then every worker training at once: a row's workers compute at once,
-    and on one box they share its cores, which timing each alone misses (on separate machines the
-    two agree). Free-running, the faster take more steps, by their speeds alone, so that all of them
-    train for about as long as the slowest; in lockstep, each step waits for the slowest's."""
+def measure_alone_and_together(job: Job, small: int, room_s: float | None = None) -> Together:
+    """Each worker alone at the job's global batch and at `small`, in the order L_A L_B S_A S_B S_B
+    S_A L_B L_A (L the global batch, S the small; A, B .. the workers): mirrored, so drift over the
+    timing hits both batches alike, where timed one batch after the other it reads as a step's fixed
+    cost. Then every worker at once at `small`: a row's workers compute at once, and on one box they
+    share its cores, which timing each alone misses (on separate machines the two agree). At their
+    own pace the faster take more steps, by their speeds alone, so that all train about as long as
+    the slowest; in lockstep each step waits for the slowest's. Where the small batch and the timings
+    together would pass `room_s` seconds (judged by the first L_A L_B), the global batch alone."""
     workers = place(job.cluster, job.workers, Replica, "standalone", job)
+    ranks = list(range(len(job.workers)))
     try:
-        alone = _alone(workers, job)
-        pace = speeds(alone)
+        started = time.perf_counter()
+        large = _alone(workers, job, ranks)
+        half = time.perf_counter() - started  # a step costs about its share; each timing together
+        # (one step each at once) about half the two alone timings at the small batch
+        if room_s is not None and half * (2 + 4 * small / job.run.batch_size) > room_s:
+            return Together(merged(large, _alone(workers, job, ranks[::-1])), {}, {}, {})
+        small_alone = _alone(workers, job, ranks + ranks[::-1], small)
+        large = merged(large, _alone(workers, job, ranks[::-1]))
+        pace = speeds(small_alone)
         slowest = min(pace.values())
         calls = [
-            workers.call(rank, "alone", round(job.run.standalone_steps * pace[w.name] / slowest), WARMUP_STEPS)
+            workers.call(rank, "alone", round(job.run.standalone_steps * pace[w.name] / slowest), WARMUP_STEPS, small)
             for rank, w in enumerate(job.workers)
         ]
         free = workers.results(calls, "timing the workers together")
-        ranks = range(len(job.workers))
-        workers.results([workers.call(rank, "begin_alone", WARMUP_STEPS) for rank in ranks], "warming up together")
+        workers.results([workers.call(r, "begin_alone", WARMUP_STEPS, small) for r in ranks], "warming up together")
         steps = [
             workers.results([workers.call(rank, "alone_step") for rank in ranks], "timing the workers in lockstep")
             for _ in range(job.run.standalone_steps)
         ]
         return Together(
-            alone,
+            large,
+            small_alone,
             {w.name: [rate] for w, rate in zip(job.workers, free)},
-            {w.name: [job.run.batch_size / step[rank] for step in steps] for rank, w in enumerate(job.workers)},
+            {w.name: [small / step[rank] for step in steps] for rank, w in enumerate(job.workers)},
         )
     finally:
         workers.close()
 
 
-def _alone(workers, job: Job, order: list[int] | None = None) -> dict[str, list[float]]:
+def _alone(workers, job: Job, order: list[int] | None = None, batch: int | None = None) -> dict[str, list[float]]:
+    """Each worker in `order` (by default A B .. B A) timed alone at `batch` (the job's global batch)."""
     ranks = list(range(len(job.workers)))
     timed: dict[str, list[float]] = {w.name: [] for w in job.workers}
     for rank in order or ranks + ranks[::-1]:
         name = job.workers[rank].name
         timed[name] += workers.results(
-            [workers.call(rank, "alone", job.run.standalone_steps, WARMUP_STEPS)], f"timing {name} alone"
+            [workers.call(rank, "alone", job.run.standalone_steps, WARMUP_STEPS, batch)], f"timing {name} alone"
         )
     return timed
+
+
+def merged(*timings: dict[str, list[float]]) -> dict[str, list[float]]:
+    """Worker name -> every figure of each of `timings`, in their order."""
+    return {name: [rate for timed in timings for rate in timed[name]] for name in timings[0]}
 
 
 class Brackets:
@@ -115,4 +135,4 @@ class Brackets:
 
 def speeds(*timings: dict[str, list[float]]) -> dict[str, float]:
     """Worker name -> samples/s alone: the median of all its timings."""
-    return {name: median([rate for timed in timings for rate in timed[name]]) for name in timings[0]}
+    return {name: median(rates) for name, rates in merged(*timings).items()}

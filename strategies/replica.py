@@ -158,21 +158,24 @@ class Replica:
         """Seconds since my last gradient left (`returned_at`); None for a repeat's first."""
         return time.perf_counter() - self.returned_at if self.returned_at is not None else None
 
-    def alone(self, steps: int, warmup: int) -> float:
-        """This worker training alone on the whole global batch (forward, backward, update): samples/s."""
+    def alone(self, steps: int, warmup: int, batch: int | None = None) -> float:
+        """This worker training alone on a whole global batch (forward, backward, update), the job's or
+        `batch` samples: samples/s."""
         batches, rank = self.batches, self.rank
         try:
-            self.begin_alone(warmup)
-            return self.job.run.batch_size * steps / sum(self.alone_step() for _ in range(steps))
+            self.begin_alone(warmup, batch)
+            return self.batches[0] * steps / sum(self.alone_step() for _ in range(steps))
         finally:
             self.batches, self.rank = batches, rank
 
-    def begin_alone(self, warmup: int) -> None:
-        """From here I train alone on the whole global batch, a step a call (`alone_step`): a fresh
-        model and optimizer, then `warmup` steps untimed. Steps a call let a timing start every
-        worker's steps together, as a synchronous row does after each sync."""
-        self.batches, self.rank = [self.job.run.batch_size], 0  # my slice is now the whole batch
+    def begin_alone(self, warmup: int, batch: int | None = None) -> None:
+        """From here I train alone on a whole global batch (the job's, or `batch` samples), a step a
+        call (`alone_step`): a fresh model and optimizer, then `warmup` steps untimed. Steps a call
+        let a timing start every worker's steps together, as a synchronous row does after each sync."""
+        batch = batch or self.job.run.batch_size
         self.reset(self.job.run.seed)
+        self.batches, self.rank = [batch], 0  # my slice is now the whole batch
+        self.order = BatchOrder(len(self.labels), batch, self.seed, self.device)
         self.optimizer_alone = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
         self.steps_alone = 0
         for _ in range(warmup):

@@ -90,6 +90,7 @@ def test_a_row_s_workers_compute_as_much_slower_as_timed_beside_each_other(tmp_p
     auto = rows["dask-sync [auto]"]
     (fast, slow) = auto.split
     assert auto.compute_s == pytest.approx(mac.step_s(slow) * 1.1) and auto.compute_s > desk.step_s(fast)
+    assert auto.shares_s == pytest.approx((desk.step_s(fast) * 1.1, mac.step_s(slow) * 1.1))  # each worker's
     # the best alone trains alone: only the row's side moved
     assert auto.vs_alone[1] == pytest.approx(auto.samples_per_s[1] / (256 / desk.step_s(256)))
     assert auto.split == plain["dask-sync [auto]"].split  # auto splits by the speeds alone, as a race does
@@ -339,7 +340,9 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     single = records["single"]["samples_per_s"]
     assert f"({records['torch-ddp']['plan']['samples_per_s'] / single:.2f}x)" in ddp  # beside vs baseline
     assert records["torch-ddp"]["plan"]["compute_s"] > 0  # its step's compute, apart from the link
-    assert set(records["torch-ddp"]["plan"]["sharing"]) == {"desk", "mac"}  # timed together at the start
+    plan = records["torch-ddp"]["plan"]
+    assert set(plan["sharing"]) == {"desk", "mac"} and plan["lockstep"]  # timed in lockstep at the start
+    assert max(plan["worker_compute_s"].values()) == pytest.approx(plan["compute_s"])  # each worker's, the slowest's
     said = re.search(
         r"The plan, from this run's timings, each worker's at its speed alone around the row and as much "
         r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? ms\): (.*?)\.$",

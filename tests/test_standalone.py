@@ -78,7 +78,7 @@ class InProcess:
         self.closed = False
 
     def call(self, rank: int, method: str, *args):
-        self.log.append((method, rank))
+        self.log.append((method, rank, *args))
         value = getattr(self.replicas[rank], method)(*args)
         if method == "alone_step":
             self.stepped.append((rank, value))
@@ -92,38 +92,47 @@ class InProcess:
         self.closed = True
 
 
-def test_workers_timed_together_in_lockstep_start_every_step_together(tmp_path, monkeypatch):
+def test_workers_timed_at_two_batches_mirrored_then_together_in_lockstep(tmp_path, monkeypatch):
     placed: list[InProcess] = []
     monkeypatch.setattr(standalone, "place", lambda *a: placed.append(InProcess(*a)) or placed[-1])
     job = small_config(tmp_path, "workers=[{name: desk}, {name: mac, slowdown: 2.0}]", "batch_size=16").job()
     job = replace(job, run=replace(job.run, standalone_steps=3))
-    together = standalone.measure_alone_and_together(job)
+    together = standalone.measure_alone_and_together(job, 8)
     (workers,) = placed
     assert workers.closed
-    lockstep = workers.log[workers.log.index(("begin_alone", 0)) :]
+    alone = [(rank, args[-1]) for method, rank, *args in workers.log if method == "alone"]
+    # L_A L_B S_A S_B S_B S_A L_B L_A (None: the job's batch of 16), then both at their own pace
+    assert alone == [(0, None), (1, None), (0, 8), (1, 8), (1, 8), (0, 8), (1, None), (0, None), (0, 8), (1, 8)]
+    lockstep = workers.log[workers.log.index(("begin_alone", 0, standalone.WARMUP_STEPS, 8)) :]
     # every worker warmed up, then each step: one call a worker, read together before the next starts
-    assert (
-        lockstep
-        == [("begin_alone", 0), ("begin_alone", 1), ("read", 2)]
-        + [
-            ("alone_step", 0),
-            ("alone_step", 1),
-            ("read", 2),
-        ]
-        * 3
-    )
+    each_step = [("alone_step", 0), ("alone_step", 1), ("read", 2)]
+    assert lockstep == [("begin_alone", 0, 3, 8), ("begin_alone", 1, 3, 8), ("read", 2), *each_step * 3]
     assert [w.steps_alone for w in workers.replicas] == [standalone.WARMUP_STEPS + 3] * 2
-    assert {name: len(rates) for name, rates in together.lockstep.items()} == {"desk": 3, "mac": 3}  # a figure a step
-    assert {name: len(rates) for name, rates in together.alone.items()} == {"desk": 2, "mac": 2}  # A B B A
-    # each step's figure is the global batch over that worker's seconds (the warmup's: not a call's)
+    assert [w.samples for w in workers.replicas] == [8, 8]  # the small batch, whole on each
+    figures = {name: len(rates) for name, rates in together.lockstep.items()}
+    assert figures == {"desk": 3, "mac": 3}  # a figure a step
+    for timed in (together.large, together.small):
+        assert {name: len(rates) for name, rates in timed.items()} == {"desk": 2, "mac": 2}
+    # each step's figure is the small batch over that worker's seconds (the warmup's: not a call's)
     for rank, name in enumerate(("desk", "mac")):
         seconds = [s for r, s in workers.stepped if r == rank]
-        assert together.lockstep[name] == [16 / s for s in seconds] and min(seconds) > 0
+        assert together.lockstep[name] == [8 / s for s in seconds] and min(seconds) > 0
+
+
+def test_with_no_room_left_the_workers_are_timed_at_the_global_batch_alone(tmp_path, monkeypatch):
+    placed: list[InProcess] = []
+    monkeypatch.setattr(standalone, "place", lambda *a: placed.append(InProcess(*a)) or placed[-1])
+    job = small_config(tmp_path, "workers=[{name: desk}, {name: mac}]", "batch_size=16", "standalone_steps=1").job()
+    together = standalone.measure_alone_and_together(job, 8, room_s=0.0)
+    alone = [(rank, args[-1]) for method, rank, *args in placed[0].log if method == "alone"]
+    assert alone == [(0, None), (1, None), (1, None), (0, None)]  # A B B A, at the job's batch
+    assert len(together.large["mac"]) == 2 and together.small == together.free == together.lockstep == {}
 
 
 def test_a_worker_timed_alone_keeps_its_share_of_a_row_s_batch(tmp_path):
     job = small_config(tmp_path, "workers=[{name: desk}, {name: mac}]", "batch_size=16").job()
     worker = Replica()
     worker.setup(job, 1, 2)
-    assert worker.alone(2, 1) > 0 and worker.steps_alone == 3
+    assert worker.alone(2, 1) > 0 and worker.steps_alone == 3 and worker.samples == 16
+    assert worker.alone(1, 0, 32) > 0 and worker.samples == 32  # a batch larger than the job's, whole
     assert (worker.batches, worker.rank) == ([8, 8], 1)  # its slice of a row: as before the timing

@@ -182,6 +182,9 @@ class Planned:
     # at once over its step alone, timed at the run's start (plan.Alone.sharing); empty: not timed
     lockstep: bool = False  # `sharing` timed with every step started together, as a synchronous row's
     # workers step; else each at its own pace (an asynchronous row's, and every row's in older records)
+    worker_compute_s: dict[str, float] = field(default_factory=dict)  # worker -> its share's step alone,
+    # stretched as above (median timings; the median over the repeats): which worker's compute the plan
+    # missed, against each worker's compute_s. Empty in older records
 
 
 @dataclass(frozen=True)
