@@ -4,13 +4,12 @@ What it predicts from (runner.plan measures it on the race's own cluster, and `h
 same at its start): each worker training alone at two global batches (a step's fixed cost and its
 cost per sample, on that device) and, at the smaller, with every worker training at once, in
 lockstep and each at its own pace (what sharing one box's cores costs a row), and the two floors
-over the real link. From those and each
-strategy's pattern: a synchronous step waits for the slowest share, then moves the model
-`floor_transfers` times at the floor's all-reduce time (local SGD: once a round of `sync_every`
-steps); an asynchronous worker runs at its own pace, its gradient up and its weights down each
-step (the ps-floor's round trip, for a worker off the server's node), the faster ones held back by
-max_staleness. What a strategy spends beyond its floor is not known before it runs, so each
-prediction is its pattern at the floor: the race's rows record how far each is off.
+over the real link. From those and each strategy's pattern: a synchronous step waits for the slowest
+share, then moves the model `floor_transfers` times at the floor's all-reduce time (local SGD: once
+a round of `sync_every` steps); an asynchronous worker runs at its own pace, its gradient up and its
+weights down each step (the ps-floor's round trip, for a worker off the server's node), the faster
+ones held back by max_staleness. What a strategy spends beyond its floor is not known before it
+runs, so each prediction is its pattern at the floor: the race's rows record how far each is off.
 """
 
 from __future__ import annotations
