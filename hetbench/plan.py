@@ -267,8 +267,8 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         rate = partial(step_rate, measured, split, transfers, width, overlap=overlap)
     rates = spread([rate(pick=pick) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
-    compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
     shares = tuple(a.step_s(b) for a, b in zip(measured.alone, split))
+    compute, sync = max(shares), link_s(measured, transfers or 0.0, width)  # the slowest share's (slowest_s)
     exposed = sum(split) / rates[1] - compute if overlap else None
     return RowPlan(
         name,

@@ -305,8 +305,8 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         if all(rows):
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
-            compute = median([row.compute_s for row in rows]) if rows[0].synchronous else None
             sync = rows[0].synchronous
+            compute = median([row.compute_s for row in rows]) if sync else None
             each = {name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)}
             planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, worker_compute_s=each)
             yield record, replace(record, plan=planned)
