@@ -287,6 +287,7 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     names = [a.name for a in timed_alone]  # the configured workers, in order
     # timed once, at the run's start: a synchronous row's workers in lockstep, an asynchronous one's at their own pace
     sharing = {sync: {a.name: a.sharing(sync) for a in timed_alone if a.free_s} for sync in (True, False)}
+    started = {a.name: [median(s) for s in (a.large_s, a.small_s) if s] for a in timed_alone}
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue
@@ -308,7 +309,7 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
             sync = rows[0].synchronous
             compute = median([row.compute_s for row in rows]) if sync else None
             each = {name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)}
-            planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, worker_compute_s=each)
+            planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, each, started)
             yield record, replace(record, plan=planned)
 
 

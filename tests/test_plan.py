@@ -343,10 +343,14 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     plan = records["torch-ddp"]["plan"]
     assert set(plan["sharing"]) == {"desk", "mac"} and plan["lockstep"]  # timed in lockstep at the start
     assert max(plan["worker_compute_s"].values()) == pytest.approx(plan["compute_s"])  # each worker's, the slowest's
+    # the line each worker's prediction ran through: its step alone at 64 and at 32, as timed at the start
+    assert {name: len(steps) for name, steps in plan["timed_alone_s"].items()} == {"desk": 2, "mac": 2}
+    assert all(large > small > 0 for large, small in plan["timed_alone_s"].values())
     said = re.search(
         r"The plan, from this run's timings, each worker's at its speed alone around the row and as much "
-        r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? ms\): (.*?)\.$",
+        r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? step\): (.*?)\.$",
         (tmp_path / "quick.md").read_text(),
         re.M,
     )
-    assert re.match(r"torch-ddp \[auto\] [+-]\d+% \(\d+/\d+, \d+/\d+\)", said[1])  # the what-if's check
+    # the what-if's check, with each worker's compute and the rest of the step, predicted/measured
+    assert re.match(r"torch-ddp \[auto\] [+-]\d+% \(desk \d+/\d+, mac \d+/\d+; rest -?\d+/\d+\)", said[1])

@@ -132,20 +132,32 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
     assert whatif(typed([SINGLE, ALLREDUCE])) == ""  # no floor: nothing to predict from
 
 
-def test_the_plans_check_says_whether_it_missed_on_the_compute_or_the_rest():
+def test_the_plans_check_says_which_worker_and_which_side_of_the_step_it_missed_on():
     from hetbench.results.whatif import whatif
 
     floor = {**FLOOR, "bytes": 4_800_000, "link": None}
     step = {"compute_s": 0.072, "total_s": 0.080, "sync_overhead_s": 0.008, "wait_s": 0.001}
     # predicted 4,000 samples/s: a step of 64 ms, 60 of them the slowest share's compute alone
-    planned = row(
-        "torch-ddp", 3200.0, step, plan={"samples_per_s": 4000.0, "low": 3800.0, "high": 4100.0, "compute_s": 0.060}
+    plan = {"samples_per_s": 4000.0, "low": 3800.0, "high": 4100.0, "compute_s": 0.060}
+    older = row("dask-sync", 3200.0, step, plan=plan)  # from before each worker's compute was kept
+    each = {
+        "worker_compute_s": {"desk": 0.055, "mac": 0.060},
+        "timed_alone_s": {"desk": [0.08, 0.04], "mac": [0.25, 0.12]},
+    }
+    planned = row("torch-ddp", 3200.0, step, plan={**plan, **each})
+    unsplit = row("ray-ps-async", 3000.0, step, plan={"samples_per_s": 2850.0, "low": 2800.0, "high": 2900.0, **each})
+    for record in (planned, unsplit):
+        record["workers"] = [{**w, "compute_s": s} for w, s in zip(record["workers"], (0.050, 0.072))]
+    text = whatif(typed([SINGLE, floor, older, planned, unsplit]))
+    # the line each prediction ran through: each worker's step alone at the start at 256 and at 128
+    assert (
+        "through its steps alone at the start (the global batch's/the equal share's, ms: desk 80/40, mac 250/120)"
+        in text
     )
-    unsplit = row("ray-ps-async", 3000.0, step, plan={"samples_per_s": 2850.0, "low": 2800.0, "high": 2900.0})
-    text = whatif(typed([SINGLE, floor, planned, unsplit]))
-    # +25% over measured: 60 ms of compute against 72, and 4 ms of the rest against 8
-    assert "torch-ddp [auto] +25% (60/72, 4/8)" in text
-    assert "ray-ps-async [auto] -5%," not in text and "ray-ps-async [auto] -5%." in text  # no compute: no brackets
+    # +25% over measured: 60 ms of compute against 72, and 4 ms of the rest against 8; the mac's share missed
+    assert "dask-sync [auto] +25% (60/72; rest 4/8)" in text
+    assert "torch-ddp [auto] +25% (desk 55/50, mac 60/72; rest 4/8)" in text
+    assert "ray-ps-async [auto] -5% (desk 55/50, mac 60/72)." in text  # no synchronous step: no rest
 
 
 def test_what_if_predicts_each_row_at_its_own_split():

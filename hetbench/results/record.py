@@ -185,6 +185,9 @@ class Planned:
     worker_compute_s: dict[str, float] = field(default_factory=dict)  # worker -> its share's step alone,
     # stretched as above (median timings; the median over the repeats): which worker's compute the plan
     # missed, against each worker's compute_s. Empty in older records
+    timed_alone_s: dict[str, list[float]] = field(default_factory=dict)  # worker -> its step alone at the
+    # global batch and at the equal split's share (medians, seconds) as timed at the run's start, before
+    # its speed around the row rescaled them: the line the prediction ran through. Empty in older records
 
 
 @dataclass(frozen=True)

@@ -70,22 +70,34 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
                 slower.append(f"{way}: " + ", ".join(f"{n} {f:.2f}x" for n, f in rows[0].plan.sharing.items()))
         if slower:
             timed += f" and as much slower as beside the others at the start ({'; '.join(slower)})"
+        if started := next((r.plan.timed_alone_s for r, _ in checked if r.plan.timed_alone_s), None):
+            steps = ", ".join(f"{n} {'/'.join(f'{s * 1e3:,.0f}' for s in each)}" for n, each in started.items())
+            timed += f", through its steps alone at the start (the global batch's/the equal share's, ms: {steps})"
         said += f" The plan, from {timed}, against measured"
         if any(where for _, where in checked):
-            said += " (in brackets, its slowest compute and the rest of its step, predicted/measured ms)"
+            said += (
+                " (in brackets, predicted/measured ms: each worker's compute, or a synchronous row's"
+                " slowest, and the rest of a synchronous step)"
+            )
         planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{where}" for r, where in checked]
         said += f": {', '.join(planned)}."
     return said.strip()
 
 
 def _where(record: RowRecord) -> str:
-    """Where a synchronous row's step went, predicted/measured: its slowest share's compute and the
-    rest (the link, a strategy's own overhead): which side the plan missed on."""
+    """Where a row's step went, predicted/measured: each worker's compute (the slowest's alone in
+    records from before each was kept) and, for a synchronous row, the rest of its step (the link,
+    a strategy's own overhead): which worker, and which side, the plan missed on."""
     plan, step, batch = record.plan, record.step, record.config.batch_size
-    if not (plan and plan.compute_s and step and step.compute_s and step.total_s and batch):
+    if not plan:
         return ""
+    measured = {w.name: w.compute_s for w in record.workers}
+    each = [f"{n} {p * 1e3:.0f}/{measured[n] * 1e3:.0f}" for n, p in plan.worker_compute_s.items() if measured.get(n)]
+    if not (plan.compute_s and step and step.compute_s and step.total_s and batch):
+        return f" ({', '.join(each)})" if each else ""
+    each = each or [f"{plan.compute_s * 1e3:.0f}/{step.compute_s * 1e3:.0f}"]
     rest = (batch / plan.samples_per_s - plan.compute_s, step.total_s - step.compute_s)
-    return f" ({plan.compute_s * 1e3:.0f}/{step.compute_s * 1e3:.0f}, {rest[0] * 1e3:.0f}/{rest[1] * 1e3:.0f})"
+    return f" ({', '.join(each)}; rest {rest[0] * 1e3:.0f}/{rest[1] * 1e3:.0f})"
 
 
 def whatif(records: list[Record]) -> str:
