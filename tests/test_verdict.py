@@ -146,9 +146,10 @@ def test_the_plans_check_says_which_worker_and_which_side_of_the_step_it_missed_
     }
     planned = row("torch-ddp", 3200.0, step, plan={**plan, **each})
     unsplit = row("ray-ps-async", 3000.0, step, plan={"samples_per_s": 2850.0, "low": 2800.0, "high": 2900.0, **each})
-    for record in (planned, unsplit):
+    older_unsplit = row("ray-ps-async", 3000.0, step, balance="equal", plan=unsplit["plan"] | {"worker_compute_s": {}})
+    for record in (planned, unsplit, older_unsplit):
         record["workers"] = [{**w, "compute_s": s} for w, s in zip(record["workers"], (0.050, 0.072))]
-    text = whatif(typed([SINGLE, floor, older, planned, unsplit]))
+    text = whatif(typed([SINGLE, floor, older, planned, unsplit, older_unsplit]))
     # the line each prediction ran through: each worker's step alone at the start at 256 and at 128
     assert (
         "through its steps alone at the start (the global batch's/the equal share's, ms: desk 80/40, mac 250/120)"
@@ -157,7 +158,9 @@ def test_the_plans_check_says_which_worker_and_which_side_of_the_step_it_missed_
     # +25% over measured: 60 ms of compute against 72, and 4 ms of the rest against 8; the mac's share missed
     assert "dask-sync [auto] +25% (60/72; rest 4/8)" in text
     assert "torch-ddp [auto] +25% (desk 55/50, mac 60/72; rest 4/8)" in text
-    assert "ray-ps-async [auto] -5% (desk 55/50, mac 60/72)." in text  # no synchronous step: no rest
+    assert "ray-ps-async [auto] -5% (desk 55/50, mac 60/72)," in text  # no synchronous step: no rest
+    # an asynchronous row from before each worker's compute was kept: no compute, no brackets
+    assert "ray-ps-async [equal] -5%," not in text and "ray-ps-async [equal] -5%." in text
 
 
 def test_what_if_predicts_each_row_at_its_own_split():
