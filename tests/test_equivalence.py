@@ -49,8 +49,20 @@ GROUP_ROWS = {  # the rows that form a torch.distributed group, and their settin
 }
 
 
-@pytest.mark.parametrize("collective", ["gloo", "tcp"])
-@pytest.mark.parametrize("row", GROUP_ROWS)
+@pytest.mark.parametrize(
+    "row, collective",
+    [
+        pytest.param(
+            row,
+            collective,
+            id=f"{row}-{collective}",
+            # Ray Train's gloo group forms in the fast tier's first-update test; five steps of it are slow tier
+            marks=pytest.mark.slow if (row, collective) == ("ray-train", "gloo") else (),
+        )
+        for row in GROUP_ROWS
+        for collective in ("gloo", "tcp")
+    ],
+)
 def test_five_steps_in_a_group_of_either_backend_equal_single_s(tmp_path, row, collective, shared_cluster):
     five = ["eval_every=1", "steps=5", "warmup_steps=0", "repeats=1", f"cluster.collective={collective}"]
     cfg = small_config(tmp_path, UNEQUAL, *five, *GROUP_ROWS[row], *shared_cluster.overrides)
