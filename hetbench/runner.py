@@ -303,13 +303,18 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         row_at = partial(predict_row, cfg, at_row, record.strategy, record.balance)
         predicted = {split: row_at(list(split)) for split in set(shares)}
         rows = [predicted[split] for split in shares]
+        # and as a plan made before the race said it, at the start's speeds: one timing there that is off
+        # moves every row's prediction at the row's speeds with it (shapes-local at 3450b2b)
+        start_at = partial(predict_row, cfg, measured, record.strategy, record.balance)
+        at_start = [start_at(list(split)) for split in shares] if bracketed else []
         if all(rows):
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
             sync = rows[0].synchronous
             compute = median([row.compute_s for row in rows]) if sync else None
             each = {name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)}
-            planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, each, started)
+            then = median([row.samples_per_s[1] for row in at_start]) if at_start and all(at_start) else None
+            planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, each, started, then)
             yield record, replace(record, plan=planned)
 
 

@@ -122,9 +122,12 @@ def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(
     # the mac's share at its speed around the row (the split as the race split it), then the all-reduce
     assert checked.plan.samples_per_s == pytest.approx(256 / (slower.step_s(128) + 0.05))
     assert checked.plan.compute_s == pytest.approx(slower.step_s(128)) and checked.plan.at_row
+    # and as a plan made before the race said it: the mac's share at its speed as timed at the start
+    assert checked.plan.at_start_samples_per_s == pytest.approx(256 / (mac.step_s(128) + 0.05))
     del row["standalone_timings"]  # not timed around the row: its workers' speeds are the start's, as timed
     ((_, unbracketed),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
     assert unbracketed.plan.compute_s == pytest.approx(mac.step_s(128)) and not unbracketed.plan.at_row
+    assert unbracketed.plan.at_start_samples_per_s is None  # its prediction is the start's already
 
 
 def test_a_row_whose_repeats_ended_at_different_splits_is_predicted_at_each(tmp_path):
@@ -346,6 +349,8 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     # the line each worker's prediction ran through: its step alone at 64 and at 32, as timed at the start
     assert {name: len(steps) for name, steps in plan["timed_alone_s"].items()} == {"desk": 2, "mac": 2}
     assert all(large > small > 0 for large, small in plan["timed_alone_s"].values())
+    # bracketed rows: also predicted as a plan made before the race, at the speeds timed at the start
+    assert all(records[name]["plan"]["at_start_samples_per_s"] > 0 for name in ("torch-ddp", "ray-ps"))
     said = re.search(
         r"The plan, from this run's timings, each worker's at its speed alone around the row and as much "
         r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? step\): (.*?)\.$",
@@ -353,4 +358,7 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
         re.M,
     )
     # the what-if's check, with each worker's compute and the rest of the step, predicted/measured
-    assert re.match(r"torch-ddp \[auto\] [+-]\d+% \(desk \d+/\d+, mac \d+/\d+; rest -?\d+/\d+\)", said[1])
+    assert re.match(
+        r"torch-ddp \[auto\] [+-]\d+% or [+-]\d+% at the start's speeds \(desk \d+/\d+, mac \d+/\d+; rest -?\d+/\d+\)",
+        said[1],
+    )

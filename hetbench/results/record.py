@@ -188,6 +188,9 @@ class Planned:
     timed_alone_s: dict[str, list[float]] = field(default_factory=dict)  # worker -> its step alone at the
     # global batch and at the equal split's share (medians, seconds) as timed at the run's start, before
     # its speed around the row rescaled them: the line the prediction ran through. Empty in older records
+    at_start_samples_per_s: float | None = None  # the same prediction at every worker's speeds as timed at
+    # the run's start, not rescaled to the row's brackets: what a plan made before the race said. None: the
+    # row was not bracketed (samples_per_s is that already), or an older record
 
 
 @dataclass(frozen=True)

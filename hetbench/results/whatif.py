@@ -79,9 +79,18 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
                 " (in brackets, predicted/measured ms: each worker's compute, or a synchronous row's"
                 " slowest, and the rest of a synchronous step)"
             )
-        planned = [f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{where}" for r, where in checked]
+        planned = [
+            f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{_at_start(r)}{where}" for r, where in checked
+        ]
         said += f": {', '.join(planned)}."
     return said.strip()
+
+
+def _at_start(record: RowRecord) -> str:
+    """The row's error at the start's speeds, where its prediction was taken at the row's: what a plan
+    made before the race said ("" in records from before it was kept)."""
+    then = record.plan.at_start_samples_per_s
+    return f" or {_error(then, record.samples_per_s)} at the start's speeds" if then else ""
 
 
 def _where(record: RowRecord) -> str:
