@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field, replace
-from functools import partial
 
 from hetbench.clock import median, now
 from hetbench.cluster.joined import wait_for_workers
@@ -272,6 +271,15 @@ def beside_server(workers: tuple[WorkerConfig, ...], path: FloorPath | None) -> 
     return frozenset(w.name for w in workers if w.node == path.nodes[path.driver_end])
 
 
+def predicted_per_repeat(cfg: Config, measured: Measured, record: RowRecord, shares: list[tuple]) -> list:
+    """`record`'s row predicted from `measured` at each repeat's split (`shares`, in worker order):
+    each split once, listed for every repeat that ended at it."""
+    predicted = {
+        split: predict_row(cfg, measured, record.strategy, record.balance, list(split)) for split in set(shares)
+    }
+    return [predicted[split] for split in shares]
+
+
 def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], records: list[Record]):
     """The run's row records that the plan predicts, each with its prediction (plan.check): from
     `planning`, the alone timings and the gradients' ready times at the run's start, and its
@@ -300,13 +308,10 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         alone = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in timed_alone)
         at_row = replace(measured, alone=alone)
         shares = [tuple(s[n] for n in names) for s in splits]
-        row_at = partial(predict_row, cfg, at_row, record.strategy, record.balance)
-        predicted = {split: row_at(list(split)) for split in set(shares)}
-        rows = [predicted[split] for split in shares]
+        rows = predicted_per_repeat(cfg, at_row, record, shares)
         # and as a plan made before the race said it, at the start's speeds: one timing there that is off
         # moves every row's prediction at the row's speeds with it (shapes-local at 3450b2b)
-        start_at = partial(predict_row, cfg, measured, record.strategy, record.balance)
-        at_start = [start_at(list(split)) for split in shares] if bracketed else []
+        at_start = predicted_per_repeat(cfg, measured, record, shares) if bracketed else []
         if all(rows):
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
