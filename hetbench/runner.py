@@ -284,10 +284,12 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     """The run's row records that the plan predicts, each with its prediction (plan.check): from
     `planning`, the alone timings and the gradients' ready times at the run's start, and its
     floors, at each repeat's split (auto's re-split may end repeats at different ones: the median
-    of their predictions, against the median of the repeats measured); each worker's timings taken
-    at its speed alone around the row (its brackets), as a plan made just before the row would have
-    timed it: on a shared box a worker's speed alone moved 9% between rows of one race, which is the
-    hour's and not the arithmetic's."""
+    of their predictions, against the median of the repeats measured): what `hetbench plan` run just
+    before the race would have said. A bracketed row is also predicted with each worker's timings
+    rescaled to its speed alone around the row (`at_row_samples_per_s`): on a shared box a worker's
+    speed alone moves between rows, but the brackets' few timings moved the prediction further off
+    than the hour did in two races of three (shapes-local at 3450b2b: -25..-13% at the row's speeds,
+    -5..+7% at the start's; hetero-local at c78365f: 0..+38% and -5..+30%)."""
     timed_alone, ready = planning
     allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
     beside = beside_server(cfg.workers, floors[1].path)
@@ -306,20 +308,27 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         bracketed = bool(record.standalone_timings)  # else its workers' speeds are the start's
         around = {w.name: w.standalone_samples_per_s for w in record.workers} if bracketed else {}
         alone = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in timed_alone)
-        at_row = replace(measured, alone=alone)
         shares = [tuple(s[n] for n in names) for s in splits]
-        rows = predicted_per_repeat(cfg, at_row, record, shares)
-        # and as a plan made before the race said it, at the start's speeds: one timing there that is off
-        # moves every row's prediction at the row's speeds with it (shapes-local at 3450b2b)
-        at_start = predicted_per_repeat(cfg, measured, record, shares) if bracketed else []
+        rows = predicted_per_repeat(cfg, measured, record, shares)
+        at_row = predicted_per_repeat(cfg, replace(measured, alone=alone), record, shares) if bracketed else []
         if all(rows):
             typical = median([row.samples_per_s[1] for row in rows])
             low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
             sync = rows[0].synchronous
             compute = median([row.compute_s for row in rows]) if sync else None
             each = {name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)}
-            then = median([row.samples_per_s[1] for row in at_start]) if at_start and all(at_start) else None
-            planned = Planned(typical, low, high, compute, bracketed, sharing[sync], sync, each, started, then)
+            then = median([row.samples_per_s[1] for row in at_row]) if at_row and all(at_row) else None
+            planned = Planned(
+                typical,
+                low,
+                high,
+                compute,
+                sharing=sharing[sync],
+                lockstep=sync,
+                worker_compute_s=each,
+                timed_alone_s=started,
+                at_row_samples_per_s=then,
+            )
             yield record, replace(record, plan=planned)
 
 

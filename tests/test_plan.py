@@ -107,7 +107,7 @@ def test_the_second_batch_is_the_equal_split_s_share():
     assert second_batch(3, 4) == 1
 
 
-def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(tmp_path):
+def test_a_race_checks_each_row_against_the_plan_made_at_its_start_and_at_its_speed_around_it(tmp_path):
     measured = desk_and_mac()
     desk, mac = measured.alone
     slower = mac.at_speed(128.0)  # timed at 309 samples/s at the start, 128 around the row
@@ -119,15 +119,17 @@ def test_a_race_checks_each_row_against_the_plan_at_its_workers_speed_around_it(
     row["standalone_timings"] = {n: {"before": [v], "after": [v]} for n, v in speeds.items()}
     cfg = config(tmp_path)
     ((_, checked),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
-    # the mac's share at its speed around the row (the split as the race split it), then the all-reduce
-    assert checked.plan.samples_per_s == pytest.approx(256 / (slower.step_s(128) + 0.05))
-    assert checked.plan.compute_s == pytest.approx(slower.step_s(128)) and checked.plan.at_row
-    # and as a plan made before the race said it: the mac's share at its speed as timed at the start
-    assert checked.plan.at_start_samples_per_s == pytest.approx(256 / (mac.step_s(128) + 0.05))
-    del row["standalone_timings"]  # not timed around the row: its workers' speeds are the start's, as timed
+    # what a plan made before the race said: the mac's share at its speed as timed at the start (the
+    # split as the race split it), then the all-reduce
+    assert checked.plan.samples_per_s == pytest.approx(256 / (mac.step_s(128) + 0.05))
+    assert checked.plan.compute_s == pytest.approx(mac.step_s(128)) and not checked.plan.at_row
+    # and at the mac's speed around the row, which its brackets timed slower
+    assert checked.plan.at_row_samples_per_s == pytest.approx(256 / (slower.step_s(128) + 0.05))
+    assert checked.plan.at_start_samples_per_s is None  # the older records' name for the start's, beside the row's
+    del row["standalone_timings"]  # not timed around the row: nothing to rescale to
     ((_, unbracketed),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
-    assert unbracketed.plan.compute_s == pytest.approx(mac.step_s(128)) and not unbracketed.plan.at_row
-    assert unbracketed.plan.at_start_samples_per_s is None  # its prediction is the start's already
+    assert unbracketed.plan.samples_per_s == pytest.approx(checked.plan.samples_per_s)
+    assert unbracketed.plan.at_row_samples_per_s is None
 
 
 def test_a_row_whose_repeats_ended_at_different_splits_is_predicted_at_each(tmp_path):
@@ -349,16 +351,16 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     # the line each worker's prediction ran through: its step alone at 64 and at 32, as timed at the start
     assert {name: len(steps) for name, steps in plan["timed_alone_s"].items()} == {"desk": 2, "mac": 2}
     assert all(large > small > 0 for large, small in plan["timed_alone_s"].values())
-    # bracketed rows: also predicted as a plan made before the race, at the speeds timed at the start
-    assert all(records[name]["plan"]["at_start_samples_per_s"] > 0 for name in ("torch-ddp", "ray-ps"))
+    # bracketed rows: also predicted at each worker's speed alone around the row
+    assert all(records[name]["plan"]["at_row_samples_per_s"] > 0 for name in ("torch-ddp", "ray-ps"))
     said = re.search(
-        r"The plan, from this run's timings, each worker's at its speed alone around the row and as much "
+        r"The plan, from this run's timings before any row and as much "
         r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? step\): (.*?)\.$",
         (tmp_path / "quick.md").read_text(),
         re.M,
     )
     # the what-if's check, with each worker's compute and the rest of the step, predicted/measured
     assert re.match(
-        r"torch-ddp \[auto\] [+-]\d+% or [+-]\d+% at the start's speeds \(desk \d+/\d+, mac \d+/\d+; rest -?\d+/\d+\)",
+        r"torch-ddp \[auto\] [+-]\d+% or [+-]\d+% at the row's speeds \(desk \d+/\d+, mac \d+/\d+; rest -?\d+/\d+\)",
         said[1],
     )

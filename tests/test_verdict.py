@@ -144,13 +144,15 @@ def test_the_plans_check_says_which_worker_and_which_side_of_the_step_it_missed_
         "worker_compute_s": {"desk": 0.055, "mac": 0.060},
         "timed_alone_s": {"desk": [0.08, 0.04], "mac": [0.25, 0.12]},
     }
-    # taken at the workers' speeds around the row; at their speeds at the run's start, 3,040 samples/s
-    planned = row("torch-ddp", 3200.0, step, plan={**plan, **each, "at_start_samples_per_s": 3040.0})
+    # at the speeds timed at the run's start; at the workers' speeds around the row, 3,040 samples/s
+    planned = row("torch-ddp", 3200.0, step, plan={**plan, **each, "at_row_samples_per_s": 3040.0})
+    # a record whose check was taken at the row's speeds (d054204 to c78365f) kept the start's beside it
+    at_row = row("ray-train", 3200.0, step, plan={**plan, **each, "at_row": True, "at_start_samples_per_s": 3040.0})
     unsplit = row("ray-ps-async", 3000.0, step, plan={"samples_per_s": 2850.0, "low": 2800.0, "high": 2900.0, **each})
     older_unsplit = row("ray-ps-async", 3000.0, step, balance="equal", plan=unsplit["plan"] | {"worker_compute_s": {}})
-    for record in (planned, unsplit, older_unsplit):
+    for record in (planned, at_row, unsplit, older_unsplit):
         record["workers"] = [{**w, "compute_s": s} for w, s in zip(record["workers"], (0.050, 0.072))]
-    text = whatif(typed([SINGLE, floor, older, planned, unsplit, older_unsplit]))
+    text = whatif(typed([SINGLE, floor, older, planned, at_row, unsplit, older_unsplit]))
     # the line each prediction ran through: each worker's step alone at the start at 256 and at 128
     assert (
         "through its steps alone at the start (the global batch's/the equal share's, ms: desk 80/40, mac 250/120)"
@@ -158,7 +160,8 @@ def test_the_plans_check_says_which_worker_and_which_side_of_the_step_it_missed_
     )
     # +25% over measured: 60 ms of compute against 72, and 4 ms of the rest against 8; the mac's share missed
     assert "dask-sync [auto] +25% (60/72; rest 4/8)" in text
-    assert "torch-ddp [auto] +25% or -5% at the start's speeds (desk 55/50, mac 60/72; rest 4/8)" in text
+    assert "torch-ddp [auto] +25% or -5% at the row's speeds (desk 55/50, mac 60/72; rest 4/8)" in text
+    assert "ray-train [auto] +25% or -5% at the start's speeds (desk 55/50, mac 60/72; rest 4/8)" in text
     assert "ray-ps-async [auto] -5% (desk 55/50, mac 60/72)," in text  # no synchronous step: no rest
     # an asynchronous row from before each worker's compute was kept: no compute, no brackets
     assert "ray-ps-async [equal] -5%," not in text and "ray-ps-async [equal] -5%." in text

@@ -177,7 +177,8 @@ class Planned:
     high: float
     compute_s: float | None = None  # of its step, the slowest share's alone (median timings); the rest
     # is its link. None: an asynchronous row, or a record from before it was kept
-    at_row: bool = False  # each worker at its speed alone around the row (else as timed at the run's start)
+    at_row: bool = False  # samples_per_s with each worker at its speed alone around the row (records from
+    # d054204 to c78365f); else, as since, at the speeds timed at the run's start
     sharing: dict[str, float] = field(default_factory=dict)  # worker -> its step with every worker training
     # at once over its step alone, timed at the run's start (plan.Alone.sharing); empty: not timed
     lockstep: bool = False  # `sharing` timed with every step started together, as a synchronous row's
@@ -186,11 +187,13 @@ class Planned:
     # stretched as above (median timings; the median over the repeats): which worker's compute the plan
     # missed, against each worker's compute_s. Empty in older records
     timed_alone_s: dict[str, list[float]] = field(default_factory=dict)  # worker -> its step alone at the
-    # global batch and at the equal split's share (medians, seconds) as timed at the run's start, before
-    # its speed around the row rescaled them: the line the prediction ran through. Empty in older records
-    at_start_samples_per_s: float | None = None  # the same prediction at every worker's speeds as timed at
-    # the run's start, not rescaled to the row's brackets: what a plan made before the race said. None: the
-    # row was not bracketed (samples_per_s is that already), or an older record
+    # global batch and at the equal split's share (medians, seconds) as timed at the run's start: the line
+    # the prediction ran through. Empty in older records
+    at_start_samples_per_s: float | None = None  # in an `at_row` record, the prediction at the speeds timed
+    # at the run's start (what a plan made before the race said). None: not kept, or not an `at_row` record
+    at_row_samples_per_s: float | None = None  # the same prediction with each worker's timings rescaled to
+    # its speed alone around the row (its brackets), which follow the hour but are fewer timings than the
+    # start's. None: the row was not bracketed, or an older record
 
 
 @dataclass(frozen=True)

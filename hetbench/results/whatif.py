@@ -80,17 +80,22 @@ def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
                 " slowest, and the rest of a synchronous step)"
             )
         planned = [
-            f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{_at_start(r)}{where}" for r, where in checked
+            f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{_other_speeds(r)}{where}"
+            for r, where in checked
         ]
         said += f": {', '.join(planned)}."
     return said.strip()
 
 
-def _at_start(record: RowRecord) -> str:
-    """The row's error at the start's speeds, where its prediction was taken at the row's: what a plan
-    made before the race said ("" in records from before it was kept)."""
-    then = record.plan.at_start_samples_per_s
-    return f" or {_error(then, record.samples_per_s)} at the start's speeds" if then else ""
+def _other_speeds(record: RowRecord) -> str:
+    """The row's error at the other speeds kept: at each worker's speed around the row, beside the
+    start's ("" where none was kept); in records whose check was the row's, at the start's."""
+    plan = record.plan
+    if plan.at_row_samples_per_s:
+        return f" or {_error(plan.at_row_samples_per_s, record.samples_per_s)} at the row's speeds"
+    if plan.at_start_samples_per_s:
+        return f" or {_error(plan.at_start_samples_per_s, record.samples_per_s)} at the start's speeds"
+    return ""
 
 
 def _where(record: RowRecord) -> str:
