@@ -287,9 +287,10 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     of their predictions, against the median of the repeats measured): what `hetbench plan` run just
     before the race would have said. A bracketed row is also predicted with each worker's timings
     rescaled to its speed alone around the row (`at_row_samples_per_s`): on a shared box a worker's
-    speed alone moves between rows, but the brackets' few timings moved the prediction further off
-    than the hour did in two races of three (shapes-local at 3450b2b: -25..-13% at the row's speeds,
-    -5..+7% at the start's; hetero-local at c78365f: 0..+38% and -5..+30%)."""
+    speed alone moves between rows, but the rescaling, by the brackets' timing of the global batch
+    over the start's, moved the prediction further off than the hour did in two races of three
+    (shapes-local at 3450b2b: -25..-13% at the row's speeds, -5..+7% at the start's; hetero-local at
+    c78365f: 0..+38% and -5..+30%)."""
     timed_alone, ready = planning
     allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
     beside = beside_server(cfg.workers, floors[1].path)

@@ -192,8 +192,8 @@ class Planned:
     at_start_samples_per_s: float | None = None  # in an `at_row` record, the prediction at the speeds timed
     # at the run's start (what a plan made before the race said). None: not kept, or not an `at_row` record
     at_row_samples_per_s: float | None = None  # the same prediction with each worker's timings rescaled to
-    # its speed alone around the row (its brackets), which follow the hour but are fewer timings than the
-    # start's. None: the row was not bracketed, or an older record
+    # its speed alone around the row (its brackets), which follows the hour but carries the noise of the
+    # start's timing and of the brackets'. None: the row was not bracketed, or an older record
 
 
 @dataclass(frozen=True)
