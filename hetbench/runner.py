@@ -306,31 +306,34 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         splits = record.repeat_splits(names)
         if lost or any(set(s) != set(names) or None in s.values() for s in splits):
             continue  # a worker lost to a fault: not the pattern the plan predicts
-        bracketed = bool(record.standalone_timings)  # else its workers' speeds are the start's
-        around = {w.name: w.standalone_samples_per_s for w in record.workers} if bracketed else {}
-        alone = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in timed_alone)
         shares = [tuple(s[n] for n in names) for s in splits]
         rows = predicted_per_repeat(cfg, measured, record, shares)
-        at_row = predicted_per_repeat(cfg, replace(measured, alone=alone), record, shares) if bracketed else []
-        if all(rows):
-            typical = median([row.samples_per_s[1] for row in rows])
-            low, high = min(row.samples_per_s[0] for row in rows), max(row.samples_per_s[2] for row in rows)
-            sync = rows[0].synchronous
-            compute = median([row.compute_s for row in rows]) if sync else None
-            each = {name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)}
-            then = median([row.samples_per_s[1] for row in at_row]) if at_row and all(at_row) else None
-            planned = Planned(
-                typical,
-                low,
-                high,
-                compute,
-                sharing=sharing[sync],
-                lockstep=sync,
-                worker_compute_s=each,
-                timed_alone_s=started,
-                at_row_samples_per_s=then,
-            )
-            yield record, replace(record, plan=planned)
+        if not all(rows):
+            continue
+        sync = rows[0].synchronous
+        planned = Planned(
+            median([row.samples_per_s[1] for row in rows]),
+            min(row.samples_per_s[0] for row in rows),
+            max(row.samples_per_s[2] for row in rows),
+            median([row.compute_s for row in rows]) if sync else None,
+            sharing=sharing[sync],
+            lockstep=sync,
+            worker_compute_s={name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)},
+            timed_alone_s=started,
+            at_row_samples_per_s=samples_per_s_at_row(cfg, measured, record, shares),
+        )
+        yield record, replace(record, plan=planned)
+
+
+def samples_per_s_at_row(cfg: Config, measured: Measured, record: RowRecord, shares: list[tuple]) -> float | None:
+    """`record`'s row predicted with each worker's timings rescaled to its speed alone around the row
+    (its brackets), the median over its repeats' splits; None where it was not bracketed."""
+    if not record.standalone_timings:
+        return None
+    around = {w.name: w.standalone_samples_per_s for w in record.workers}
+    alone = tuple(a.at_speed(around[a.name]) if around.get(a.name) else a for a in measured.alone)
+    rows = predicted_per_repeat(cfg, replace(measured, alone=alone), record, shares)
+    return median([row.samples_per_s[1] for row in rows]) if all(rows) else None
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
