@@ -354,8 +354,8 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
     # bracketed rows: also predicted at each worker's speed alone around the row
     assert all(records[name]["plan"]["at_row_samples_per_s"] > 0 for name in ("torch-ddp", "ray-ps"))
     said = re.search(
-        r"The plan, from this run's timings before any row and as much "
-        r"slower as beside the others at the start \(in lockstep: desk \d\.\d\dx, mac \d\.\d\dx\).*? step\): (.*?)\.$",
+        r"The plan, from this run's timings before any row and as much slower as beside the others at the start "
+        r"\(in lockstep: desk \d+\.\d\dx, mac \d+\.\d\dx\).*? step\): (.*?)\.$",
         (tmp_path / "quick.md").read_text(),
         re.M,
     )
