@@ -139,6 +139,8 @@ class RowPlan:
     synchronous: bool = True  # a barrier each step: its samples/s say its time to a target, as single's do
     exposed_s: float | None = None  # of sync_s, what is left after backward where buckets go out during it
     shares_s: tuple[float, ...] = ()  # each worker's step at its share, as compute_s (in measured.alone's order)
+    unseen_cost: str = ""  # what the strategy runs on the workers' shared cores that the timings leave out
+    # (sharing_note; "": nothing, or the workers have cores of their own)
 
     @property
     def label(self) -> str:
@@ -283,6 +285,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         strategy.synchronous,
         exposed,
         shares,
+        sharing_note(strategy, measured),
     )
 
 
@@ -326,6 +329,18 @@ def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: flo
     return ""
 
 
+def sharing_note(strategy, measured: Measured) -> str:
+    """Where the workers slowed each other computing together (one box's cores, not two machines'),
+    the strategy's own busy processes there take from the same cores, which the timings leave out."""
+    shared = max(a.sharing(strategy.synchronous) for a in measured.alone)
+    if not strategy.beside_workers or shared < CLEAR:
+        return ""
+    return (
+        f"expect it slower: its workers share cores (a step together {shared:.2f}x one alone) with "
+        f"{strategy.beside_workers}, which the plan does not time"
+    )
+
+
 def sync_interval_note(measured: Measured, split: list[int], alone: float, batch: int, strategy) -> str:
     """The smallest sync_every at which a round of local steps beats the best alone."""
     width = WIRE_DTYPES[strategy.wire_dtype].itemsize
@@ -339,10 +354,11 @@ def sync_interval_note(measured: Measured, split: list[int], alone: float, batch
 
 def worth_racing(rows: list[RowPlan], n: int = 2) -> list[RowPlan]:
     """The rows to race: of those that may pay, the `n` predicted fastest, one a strategy; synchronous
-    ones first (another's samples/s do not say its steps to the target: stale or averaged updates)."""
+    ones first (another's samples/s do not say its steps to the target: stale or averaged updates),
+    and of those the ones with no unseen cost (it would run slower than predicted)."""
     hopeful = [r for r in rows if not r.verdict.startswith("will not pay")]
     best: dict[str, RowPlan] = {}
-    for row in sorted(hopeful, key=lambda r: (not r.synchronous, -r.vs_alone[1])):
+    for row in sorted(hopeful, key=lambda r: (not r.synchronous, bool(r.unseen_cost), -r.vs_alone[1])):
         best.setdefault(row.strategy, row)
     return list(best.values())[:n]
 
@@ -370,7 +386,7 @@ def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:
             f"{r.samples_per_s[1]:,.0f} ({r.samples_per_s[0]:,.0f}-{r.samples_per_s[2]:,.0f})",
             f"{r.vs_alone[1]:.2f}x ({r.vs_alone[0]:.2f}-{r.vs_alone[2]:.2f})",
             r.verdict,
-            r.note,
+            "; ".join(filter(None, [r.note, r.unseen_cost])),
         ]
         for r in rows
     ]

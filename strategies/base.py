@@ -55,6 +55,10 @@ class Strategy(ABC):
     rebalances: ClassVar[bool] = False
     # The launcher its processes go through (cluster/placed.py): ray | dask.
     via: ClassVar[str] = "ray"
+    # What else it runs on the workers' machines while they compute, busy enough to take a core's
+    # share: the plan times the workers only, and names it where they share one box's cores
+    # (plan.sharing_note). "" where that is only Ray's own processes.
+    beside_workers: ClassVar[str] = ""
 
     # This strategy's own settings: a frozen dataclass of config.setting() fields (a default and a
     # one-line doc each). They live under the strategy's name in a config (e.g. `ray-ps-async:

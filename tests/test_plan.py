@@ -16,6 +16,7 @@ from hetbench.plan import (
     Measured,
     async_rate,
     buckets,
+    markdown,
     overlapped_s,
     predict,
     predict_row,
@@ -286,6 +287,28 @@ def test_what_would_turn_a_row_around(tmp_path):
     # a slower machine whose share alone takes longer than the whole batch on the best: no interval helps
     lopsided = {r.label: r for r in predict(cfg, desk_and_mac(mac_times=3.0, allreduce_s=1.0))}
     assert lopsided["ray-localsgd [equal]"].note.startswith("no sync_every beats the best alone")
+
+
+def test_a_strategy_s_own_busy_processes_are_named_where_the_workers_share_cores(tmp_path):
+    measured = desk_and_mac()
+    desk, mac = measured.alone
+    # the desk's step of 64 took 10% longer beside the mac's: one box's cores, which Ray Train's
+    # controller and helper actors would share too
+    shared = replace(measured, alone=(replace(desk, lockstep_s=(0.0924,), free_s=(0.0841,)), mac))
+    cfg = config(tmp_path, "strategies=[single, ray-train, dask-sync, ray-ps-async]")
+    rows = {r.label: r for r in predict(cfg, shared)}
+    said = (
+        "expect it slower: its workers share cores (a step together 1.10x one alone) with Ray Train's "
+        "controller and helper actors, which the plan does not time"
+    )
+    assert rows["ray-train [auto]"].unseen_cost == said and rows["ray-train [equal]"].unseen_cost == said
+    assert rows["dask-sync [auto]"].unseen_cost == ""  # nothing of its own beyond Ray's processes
+    # predicted alike, dask-sync is raced first: it has no cost the plan cannot see
+    alike = [replace(rows[label], vs_alone=(1.2, 1.3, 1.4), verdict="likely pays") for label in rows]
+    assert [r.label for r in worth_racing(alike, 1)] == ["dask-sync [equal]"]
+    # two machines: each as fast beside the other as alone, nothing to add
+    assert all(r.unseen_cost == "" for r in predict(cfg, measured))
+    assert "controller" in markdown(cfg, shared, list(rows.values()))
 
 
 def test_plan_needs_two_machines(tmp_path):
