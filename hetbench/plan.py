@@ -28,6 +28,8 @@ from hetbench.strategies import registry
 from hetbench.workload import load_workload
 
 CLEAR = 1.05  # a row pays (or not) "likely" only where its whole range is this far past the best alone
+SHARED_CORES = 1.05  # a step together at least this much longer than alone: the workers share one box's
+# cores (two machines' workers step as fast together as alone, within their timings' noise)
 
 
 def second_batch(batch: int, workers: int) -> int:
@@ -333,7 +335,7 @@ def sharing_note(strategy, measured: Measured) -> str:
     """Where the workers slowed each other computing together (one box's cores, not two machines'),
     the strategy's own busy processes there take from the same cores, which the timings leave out."""
     shared = max(a.sharing(strategy.synchronous) for a in measured.alone)
-    if not strategy.beside_workers or shared < CLEAR:
+    if not strategy.beside_workers or shared < SHARED_CORES:
         return ""
     return (
         f"expect it slower: its workers share cores (a step together {shared:.2f}x one alone) with "
