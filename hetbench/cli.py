@@ -113,7 +113,7 @@ def cmd_devices(args) -> int:
     from hetbench.devices import available_devices, describe, resolve_device
 
     if args.require:  # a container's start: refuse at once where the device it was given cannot train
-        for line in require(args.require):
+        for line in require(args.require, precision=args.precision):
             print(line)
     if args.head:  # ... and a desktop the Mac could not reach (WSL2 in NAT mode, a wrong HEAD_HOST)
         from hetbench.cluster.wsl import check_this_desktop
@@ -222,6 +222,12 @@ def parser() -> argparse.ArgumentParser:
     devices = sub.add_parser("devices", formatter_class=fmt, help="the devices this machine has")
     devices.add_argument(
         "--require", default=None, help="exit 2 in one sentence unless the model trains on this device (e.g. cuda) here"
+    )
+    devices.add_argument(
+        "--precision",
+        default="fp32",
+        choices=["fp32", "tf32", "bf16", "fp16"],
+        help="with --require: the run's precision, which the model must train in there",
     )
     devices.add_argument(
         "--head",

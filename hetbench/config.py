@@ -180,9 +180,13 @@ class RunConfig:
     wire_dtype: Literal["float32", "bfloat16", "float16"] = setting(
         "float32", "gradients, weights and deltas between machines: float32 | bfloat16 | float16"
     )
-    precision: Literal["fp32", "tf32"] = setting(
+    precision: Literal["fp32", "tf32", "bf16", "fp16"] = setting(
         "fp32",
-        "float32 math on CUDA: fp32 (TF32 off: a synchronous step equals a single-device one) | tf32 (cuDNN's default)",
+        "fp32 (TF32 off on CUDA: a synchronous step equals a single-device one) | tf32 (cuDNN's default) | "
+        "bf16, fp16: the forward and the loss under torch.autocast on each worker's device (fp16 with loss_scale)",
+    )
+    loss_scale: float = setting(
+        1024.0, "fp16's loss scale: the loss times it before backward, the gradient divided by it after"
     )
     seed: int = setting(0, "model init, batch order and synthetic data")
     balance: tuple[Balance, ...] = setting(
@@ -619,6 +623,8 @@ def validate(cfg: Config) -> Config:
         raise UserError("config keys 'cluster.step_timeout_s' and 'cluster.connect_timeout_s' must be positive")
     if not 0.0 <= run.dropout < 1.0:
         raise UserError(f"config key 'dropout' must be in [0, 1), got {run.dropout}")
+    if run.loss_scale <= 0:
+        raise UserError(f"config key 'loss_scale' must be positive, got {run.loss_scale}")
     if run.lr <= 0 or not 0 < run.target_accuracy <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
     for key in ("accuracy_tolerance", "loss_tolerance"):

@@ -12,7 +12,15 @@ import subprocess
 import torch
 
 from hetbench.config import RunConfig
-from hetbench.devices import describe, mps_available, resolve_device, synchronize
+from hetbench.devices import (
+    AUTOCAST,
+    check_precision,
+    describe,
+    mps_available,
+    precision_problem,
+    resolve_device,
+    synchronize,
+)
 from hetbench.errors import UserError
 from hetbench.workload import dropout_keys, load_workload
 
@@ -56,10 +64,11 @@ def check_driver(gpu: dict | None) -> None:
         )
 
 
-def require(spec: str, read_gpu=nvidia_smi, fix: str | None = None) -> list[str]:
+def require(spec: str, read_gpu=nvidia_smi, fix: str | None = None, precision: str = "fp32") -> list[str]:
     """The gate: `spec` resolved, the driver and GPU checked where it is CUDA, why MPS is missing where
-    it is MPS, one forward and backward pass of the model run there. What it found, as lines to print;
-    one sentence if it refuses, ending in `fix` where given (the Mac's: join on its CPU)."""
+    it is MPS, `precision` checked there, one forward and backward pass of the model run there in it.
+    What it found, as lines to print (the first names the precisions it has); one sentence if it refuses,
+    ending in `fix` where given (the Mac's: join on its CPU)."""
     spec = spec.strip().lower()
     cuda, gpu = spec.startswith("cuda"), None
     if spec == "mps" and not mps_available():
@@ -79,10 +88,14 @@ def require(spec: str, read_gpu=nvidia_smi, fix: str | None = None) -> list[str]
             )
     device = resolve_device(spec)
     try:
-        trained(device)
+        check_precision(device, precision, "this machine")
+        trained(device, precision)
     except UserError as e:
         raise UserError(f"{e}; {fix}" if fix else str(e)) from None
-    found = [f"{spec}: {describe(device)} trains the model (one forward and backward pass)"]
+    has = ", ".join(p for p in ("fp32", "tf32", *AUTOCAST) if precision_problem(device, p) is None)
+    found = [
+        f"{spec}: {describe(device)} trains the model in {precision} (one forward and backward pass; it has {has})"
+    ]
     if cuda:
         major, minor = torch.cuda.get_device_capability(device)
         driver = gpu["driver"] if gpu else "unknown (no nvidia-smi)"
@@ -98,13 +111,15 @@ def why_no_mps() -> str:
     return "macOS gives torch no Metal device (MPS needs macOS 14 or newer on Apple Silicon, not in a VM)"
 
 
-def trained(device: torch.device) -> None:
-    """One forward and backward pass of the model on `device`, on a small random batch; a finite gradient."""
+def trained(device: torch.device, precision: str = "fp32") -> None:
+    """One forward and backward pass of the model on `device` in `precision`, on a small random batch;
+    a finite gradient."""
     try:
         workload = load_workload(RunConfig())  # the built-in CNN: a model only, no data loaded
         model = workload.build_model(0).to(device)
         images, labels = torch.randn(8, 1, 28, 28, device=device), torch.randint(0, 10, (8,), device=device)
-        workload.forward_backward(model, images, labels, dropout_keys(0, 0, torch.arange(8, device=device)))
+        keys = dropout_keys(0, 0, torch.arange(8, device=device))
+        workload.forward_backward(model, images, labels, keys, precision)
         synchronize(device)
         finite = all(torch.isfinite(p.grad).all().item() for p in model.parameters())
     except RuntimeError as e:  # a kernel the device cannot run ("no kernel image", out of memory, ...)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 
@@ -96,11 +97,46 @@ def describe(device: torch.device) -> str:
     return str(device)
 
 
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}  # mixed precisions: the dtype autocast computes in
+
+
+def autocast(device: torch.device, precision: str):
+    """The forward and the loss in `precision`'s dtype on `device` (torch.autocast: matmuls and
+    convolutions in it, reductions and the loss in float32); fp32 and tf32: as they are."""
+    if precision not in AUTOCAST:
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=AUTOCAST[precision])
+
+
+def loss_scale_of(precision: str, loss_scale: float) -> float:
+    """What the loss is multiplied by before backward: `loss_scale` in fp16 (whose small gradients
+    would underflow), else 1 (bf16 has float32's range)."""
+    return loss_scale if precision == "fp16" else 1.0
+
+
+def precision_problem(device: torch.device, precision: str) -> str | None:
+    """Why `device` cannot train in `precision`, as the end of a sentence; None where it can."""
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+        return f"{describe(device)} has no bfloat16 (Ampere, compute 8.0, and newer have it): use precision fp16"
+    if precision == "bf16" and device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        return "MPS has bfloat16 from macOS 14: update macOS, or use precision fp16"
+    return None
+
+
+def check_precision(device: torch.device, precision: str, who: str) -> None:
+    """One sentence, before `who` (a worker, this machine) trains a step, where its device cannot run
+    the run's precision."""
+    why = precision_problem(device, precision)
+    if why:
+        raise UserError(f"{who} cannot train in {precision} on {device}: {why}")
+
+
 def set_precision(precision: str) -> dict:
     """float32 math as `precision` says (run.precision), in this process, before its first kernel:
     fp32 turns TF32 off in cuDNN's convolutions and cuBLAS's matmuls (cuDNN's is on by default on
     Ampere and later, and two ranks' partial batches then round differently from one batch), tf32
-    turns both on. What a worker's record keeps: the setting and cuDNN's autotuner's."""
+    turns both on; bf16 and fp16 (autocast) keep what stays float32 at fp32's. What a worker's
+    record keeps: the setting and cuDNN's autotuner's."""
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32

@@ -123,6 +123,7 @@ class CurvePoint:
     step: int  # the steps trained before it
     train_s: float  # the training clock then, evaluation excluded
     accuracy: float  # the test metric on the quick check's samples: accuracy, or the test loss (Metric)
+    lr: float | None = None  # the learning rate the next update takes (Strategy.learning_rate); None: not said
 
 
 @dataclass(frozen=True)
@@ -193,7 +194,7 @@ def train_repeat(
             timed.append(timing)
         if evaluating:
             acc = evaluate(strategy.weights())
-            curve.append(CurvePoint(step + 1, clock, acc))
+            curve.append(CurvePoint(step + 1, clock, acc, strategy.learning_rate()))
             if time_to_target is None and schedule.metric.reached(acc, schedule.target):
                 time_to_target = clock
             strategy.near_target = schedule.near(curve)  # for ranks that run the schedule themselves

@@ -20,13 +20,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
 from hetbench.clock import median
 from hetbench.config import RunConfig
 from hetbench.data import Split, check_same_data
+from hetbench.devices import autocast, loss_scale_of
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
 from hetbench.metric import ACCURACY, LOSS, Metric, for_labels
+from hetbench.optimizer import ScheduledOptimizer
 from hetbench.workloads import BUILT_IN
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
@@ -53,6 +56,9 @@ class Workload:
     shares, which is the union batch's gradient only for a mean."""
     optimizer: Callable[[list[torch.Tensor]], torch.optim.Optimizer] | None = None
     """params -> the optimizer; None: the run's `optimizer` and `lr` settings."""
+    scheduler: Callable[[torch.optim.Optimizer], LRScheduler] | None = None
+    """optimizer -> its learning-rate scheduler (any LRScheduler, LambdaLR's warm-up then cosine say),
+    stepped once per global update wherever that update runs; None: the rate stays as made."""
     prepare: Callable[[torch.Tensor], torch.Tensor] | None = None
     """A batch as stored -> the model's input, on the worker's device (uint8 pixels -> float32, say:
     the stored set stays small on an 8 GB Mac); None: the batch as stored."""
@@ -158,6 +164,7 @@ class WorkloadFacts:
     exact: bool  # whether a synchronous step is exactly one single-device step on the union batch
     inexact: str | None = None  # why not, where it is not
     optimizer: str | None = None  # its own optimizer's class; None: the run's `optimizer` and `lr` settings
+    scheduler: str | None = None  # its learning-rate scheduler's class, stepped once per global update; None: none
     input_shape: list[int] | None = None  # one sample as the model takes it (after `prepare`)
     keyed_layers: int = 0  # its KeyedDropout layers (keyed_dropout's swaps among them)
     metric: str = "accuracy"  # what rows are judged by (metric.METRICS): its test loss where labels are not classes
@@ -184,6 +191,7 @@ class LoadedWorkload:
         self.code = hashlib.sha256(repr(sorted(self.files.items())).encode()).hexdigest()[:12]
         own = workload.optimizer  # its class, for the records: learned once, on a throwaway parameter
         self.optimizer_name = type(own([nn.Parameter(torch.zeros(1))])).__name__ if own else None
+        self.scheduler_name = self._scheduler_name()
 
     @property
     def exact(self) -> bool:
@@ -193,8 +201,8 @@ class LoadedWorkload:
         name, spec = self.name, self.spec
         shape = list(self.prepare(self.test_split().tensors("cpu")[0][:1]).shape[1:])
         optimizer, keyed = self.optimizer_name, self.keyed_layers
-        facts = (self.parameters, self.code, self.exact, self.inexact, optimizer, shape, keyed, self.metric.name)
-        return WorkloadFacts(name, spec, *facts)
+        facts = (self.parameters, self.code, self.exact, self.inexact, optimizer, self.scheduler_name, shape, keyed)
+        return WorkloadFacts(name, spec, *facts, self.metric.name)
 
     @property
     def metric(self) -> Metric:
@@ -315,7 +323,7 @@ class LoadedWorkload:
             ]
             optimizer.zero_grad(set_to_none=True)
             started = time.perf_counter()
-            self.forward_backward(model, inputs, labels, keys)
+            self.forward_backward(model, inputs, labels, keys, run.precision, run.loss_scale)
             optimizer.step()
             span = time.perf_counter() - started
             for hook in hooks:
@@ -325,11 +333,37 @@ class LoadedWorkload:
                     ready[i].append((t - started) / span if t else 1.0)
         return tuple(sorted((median(f), p.numel() * 4) for f, p in zip(ready, params)))
 
-    def build_optimizer(self, params, run: RunConfig) -> torch.optim.Optimizer:
+    def build_optimizer(self, params, run: RunConfig) -> ScheduledOptimizer:
+        """The optimizer of one process's update (the workload's own, else the run's), with its schedule."""
         params = list(params)
         if self.workload.optimizer is not None:
-            return self.workload.optimizer(params)
-        return build_optimizer(params, run.optimizer, run.lr)
+            optimizer = self.workload.optimizer(params)
+        else:
+            optimizer = build_optimizer(params, run.optimizer, run.lr)
+        scheduler = self.workload.scheduler and self.workload.scheduler(optimizer)
+        return ScheduledOptimizer(optimizer, scheduler or None, loss_scale_of(run.precision, run.loss_scale))
+
+    def _scheduler_name(self) -> str | None:
+        """Its scheduler's class, for the records, made once on a throwaway optimizer; refused in one
+        sentence where it is not a scheduler that steps once per update."""
+        if self.workload.scheduler is None:
+            return None
+        optimizer = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=1.0)
+        try:
+            scheduler = self.workload.scheduler(optimizer)
+        except Exception as e:
+            raise UserError(f"workload {self.spec}: its scheduler raised {type(e).__name__}: {e}") from e
+        if isinstance(scheduler, ReduceLROnPlateau):
+            raise UserError(
+                f"workload {self.spec}: its scheduler is a ReduceLROnPlateau, which steps by a metric; hetbench "
+                "steps a scheduler once per update: give an LRScheduler such as LambdaLR or CosineAnnealingLR"
+            )
+        if not isinstance(scheduler, LRScheduler):
+            raise UserError(
+                f"workload {self.spec}: its scheduler returned a {type(scheduler).__name__}, not a torch LRScheduler "
+                "(scheduler: lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, ...))"
+            )
+        return type(scheduler).__name__
 
     def prepare(self, batch: torch.Tensor) -> torch.Tensor:
         if self.workload.prepare is None:
@@ -342,13 +376,21 @@ class LoadedWorkload:
         return prepared
 
     def forward_backward(
-        self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor | None = None
+        self,
+        model: nn.Module,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        keys: torch.Tensor | None = None,
+        precision: str = "fp32",
+        loss_scale: float = 1.0,
     ) -> torch.Tensor:
-        """One worker's compute on a prepared batch: forward (`keys`: the samples' dropout keys), the
-        mean loss, backward into the model's .grad buffers."""
-        with keyed(model, keys):
+        """One worker's compute on a prepared batch: forward (`keys`: the samples' dropout keys) and the
+        mean loss, under autocast in a mixed `precision`; backward of the loss times fp16's
+        `loss_scale` into the model's .grad buffers (the optimizer divides it out: ScheduledOptimizer)."""
+        with keyed(model, keys), autocast(inputs.device, precision):
             loss = self.loss(model(inputs), labels)
-        loss.backward()
+        scale = loss_scale_of(precision, loss_scale)
+        (loss * scale if scale != 1.0 else loss).backward()
         return loss.detach()
 
     def train_split(self) -> Split:
@@ -482,7 +524,7 @@ def _called(function, spec: str, seed: int):
         raise UserError(f"workload {spec}: {name}() raised {type(e).__name__}: {e}") from e
 
 
-FIELDS = ("model", "train", "test", "loss", "optimizer", "prepare", "name")  # Workload's, as a dict's keys
+FIELDS = ("model", "train", "test", "loss", "optimizer", "scheduler", "prepare", "name")  # Workload's, as a dict's keys
 
 
 def as_workload(made, spec: str) -> Workload:

@@ -105,6 +105,11 @@ class Strategy(ABC):
     def weights(self) -> torch.Tensor:
         """The current model as one flat float32 CPU tensor, for evaluation."""
 
+    def learning_rate(self) -> float | None:
+        """The learning rate its next update takes (where a workload's schedule moves it, the curve
+        records it at each check); None where no one optimizer takes the updates."""
+        return None
+
     @abstractmethod
     def worker_info(self) -> list[dict]:
         """Per worker: name, device (as resolved where it runs), node, batch."""

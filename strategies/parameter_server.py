@@ -23,6 +23,7 @@ from hetbench.devices import configure_threads, keep_freed_memory
 from hetbench.errors import WorkersLost
 from hetbench.floor import PS_FLOOR_NAME
 from hetbench.gradients import FlatModel, batch_shares, from_wire, to_wire, weighted_sum
+from hetbench.optimizer import ScheduledOptimizer
 from hetbench.partial_step import Undo, step_only
 from hetbench.step_timing import CentralUpdate, StepTiming
 from hetbench.strategies.base import Strategy
@@ -39,7 +40,7 @@ class ParameterServer:
     shared: HostBuffers | None = None  # from share_with, where workers share my host
     wire: str  # what the weights travel in
     flat: FlatModel
-    optimizer: torch.optim.Optimizer
+    optimizer: ScheduledOptimizer
     chunks: dict[int, list[torch.Tensor]]  # each parameter's offset -> the optimizer's chunks of it
 
     def share_with(self, job: Job, slots: int) -> tuple[str, int] | None:
@@ -100,7 +101,7 @@ class ParameterServer:
         last_in, stepped = time.perf_counter(), []  # (when, seconds) of each parameter's optimizer step
         grads = [self.shared.gradient(g) if isinstance(g, int) else g for g in grads]
         sizes = {offset: size for _, offset, size in self.flat.spans}
-        undo = Undo(self.optimizer)
+        undo = Undo(self.optimizer.optimizer)
         try:
             for offset, came_in in arrived:
                 last_in, end = max(last_in, came_in), offset + sizes[offset]
@@ -108,12 +109,13 @@ class ParameterServer:
                 weighted_sum(parts, shares, out=self.flat.grads[offset:end])
                 undo.keep(self.chunks[offset])
                 stepping = time.perf_counter()
-                step_only(self.optimizer, self.chunks[offset])
+                step_only(self.optimizer.optimizer, self.chunks[offset])
                 stepped.append((stepping, time.perf_counter() - stepping))
                 publish(offset, end - offset)
         except BaseException:
             undo.restore()
             raise
+        self.optimizer.advance()  # the schedule: once for the whole update
         weights = self._published(ticket)
         optimizer_s = sum(max(0.0, min(seconds, at + seconds - last_in)) for at, seconds in stepped)
         return weights, CentralUpdate(time.perf_counter() - last_in, optimizer_s)
@@ -131,6 +133,9 @@ class ParameterServer:
 
     def params(self):
         return self.flat.params.numpy()
+
+    def learning_rate(self) -> float:
+        return self.optimizer.lr
 
 
 class ParameterServerDriver(Strategy, HandsOff):
@@ -311,6 +316,9 @@ class ParameterServerDriver(Strategy, HandsOff):
 
     def weights(self) -> torch.Tensor:
         return torch.from_numpy(self._server("params").copy())
+
+    def learning_rate(self) -> float:
+        return self._server("learning_rate")
 
     def worker_info(self) -> list[dict]:
         peaks = self.placed.results(self._each("peak_rss_mb"), "reading memory")

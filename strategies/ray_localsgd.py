@@ -22,6 +22,7 @@ from hetbench.clock import now
 from hetbench.config import Job, setting
 from hetbench.errors import RunFailed, UserError, WorkersLost
 from hetbench.gradients import from_wire
+from hetbench.optimizer import ScheduledOptimizer
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.ray_ps import RayParameterServer, RayPsOptions, RayReplica, RayServer
 from hetbench.train_state import load_train_state, train_state
@@ -31,7 +32,7 @@ NAME = "ray-localsgd"
 
 class LocalReplica(RayReplica):
     # from reset:
-    optimizer: torch.optim.Optimizer  # the inner one, stepping my replica between exchanges
+    optimizer: ScheduledOptimizer  # the inner one, stepping my replica (and the schedule) every step
     round_start: torch.Tensor  # my weights where the round began: my delta is taken from them
     delta: torch.Tensor  # where my delta is taken to
     taken: tuple[int, float] | None  # the last step my replica took, and its seconds
@@ -81,17 +82,19 @@ class LocalSGDOptions(RayPsOptions):
 
 
 class OuterServer(RayServer):
-    optimizer: torch.optim.SGD  # from reset: the outer one
+    optimizer: ScheduledOptimizer  # from reset: the outer one (SGD), unscheduled: the inner ones follow the schedule
 
     def reset(self, job: Job, seed: int) -> list:
         weights = super().reset(job, seed)
         # (3) the outer optimizer, stepping with the weighted deltas as its gradient
         outer = LocalSGDOptions(**job.options)
-        self.optimizer = torch.optim.SGD(
-            self.flat.optimizer_params(),
-            lr=outer.outer_lr,
-            momentum=outer.outer_momentum,
-            nesterov=outer.outer_momentum > 0,
+        self.optimizer = ScheduledOptimizer(
+            torch.optim.SGD(
+                self.flat.optimizer_params(),
+                lr=outer.outer_lr,
+                momentum=outer.outer_momentum,
+                nesterov=outer.outer_momentum > 0,
+            )
         )
         return weights
 
@@ -124,6 +127,10 @@ class RayLocalSGD(RayParameterServer):
     def reset(self, seed: int) -> None:
         super().reset(seed)
         self.in_round, self.new_round = 0, True
+
+    def learning_rate(self) -> float:
+        """The replicas' inner rate (the schedule's, alike on every replica): the outer step's is a setting."""
+        return self.placed.results([self.placed.call(0, "learning_rate")], "reading the learning rate")[0]
 
     def state(self) -> dict:
         replicas = self.placed.results(self._each("state"), "reading the replicas' states")

@@ -41,6 +41,12 @@ class RayPsOptions:
     transport: str = setting("direct", "workers on other nodes: direct (a TCP connection each) or object-store")
 
 
+def streams(job: Job) -> bool:
+    """Whether the row streams (StreamOptions.stream): not in fp16, whose overflow check must see the
+    whole gradient before any parameter is stepped (ScheduledOptimizer)."""
+    return bool(job.options.get("stream")) and job.run.precision != "fp16"
+
+
 @dataclass(frozen=True)
 class StreamOptions(RayPsOptions):
     stream: bool = setting(
@@ -69,7 +75,7 @@ class RayReplica(Replica):
     retire = disconnect  # the row is over: this process serves the next one
 
     def compute(self, weights: list | None, step: int, ticket: int | None = None, after: int | None = None):
-        if self.channel and ticket is not None and self.job.options.get("stream"):
+        if self.channel and ticket is not None and streams(self.job):
             return self.streamed(self.weights_in(weights, after), step, ticket)
         if self.shared:
             slot, compute_s = super().compute(None, step, ticket, after)
@@ -173,7 +179,7 @@ class RayServer(ParameterServer):
 
     def reset(self, job: Job, seed: int) -> list:
         weights = super().reset(job, seed)
-        self.stream = bool(job.options.get("stream"))
+        self.stream = streams(job)
         self.incoming = {name: to_wire(torch.empty_like(self.flat.params), self.wire) for name in self.channels}
         return self._put(weights)
 
@@ -279,7 +285,7 @@ class RayParameterServer(ParameterServerDriver):
     @property
     def overlap(self) -> str:
         """Streamed over direct channels: each gradient up as backward has it, each weight down once stepped."""
-        return "parameters" if self.job.options.get("stream") and self.settings.transport == "direct" else ""
+        return "parameters" if streams(self.job) and self.settings.transport == "direct" else ""
 
     @classmethod
     def check_options(cls, options: RayPsOptions) -> None:

@@ -122,8 +122,10 @@ def train_loop(config: dict) -> None:
             evaluated = schedule.evaluates(repeat, step, near)
             # the driver makes the step's timing of them (StepTiming.synchronous), as for torch-ddp
             timing = {"compute_s": own_s, "total_s": step_s, "peak_rss_mb": peak_rss_mb()}
-            if split is not None and world_rank == 0:
-                timing["split"] = {w.name: b for w, b in zip(job.workers, split)}
+            if world_rank == 0:
+                timing["lr"] = rank.learning_rate()  # the rate the next update takes: the curve's
+                if split is not None:
+                    timing["split"] = {w.name: b for w, b in zip(job.workers, split)}
             weights = rank.weights().numpy() if evaluated and world_rank == 0 else None
             collector.record.remote((repeat, step), world_rank, timing, weights)
             # the driver evaluates between steps, as for every strategy: wait, off the clock, so
@@ -166,6 +168,7 @@ class RayTrain(Strategy):
         self.fit: threading.Thread | None = None
         self.held: tuple | None = None  # the (repeat, step) the ranks wait at, until the driver evaluated
         self.snapshot = None  # the weights rank 0 sent with the latest step: at the steps it checks, else None
+        self.lr: float | None = None  # the learning rate rank 0 said with the latest step
         self.failure: BaseException | None = None  # what ended Ray Train's fit, for the next wait to report
         self.starts = 0  # how often Ray Train started the group (a restart after a lost rank adds one)
         self.repeat = 0  # the repeat the ranks run now
@@ -253,7 +256,7 @@ class RayTrain(Strategy):
         started = now()
         self._release()
         timings, snapshot, starts, resumed_from = self._wait((self.repeat, step))
-        self.snapshot, self.last_step = snapshot, step
+        self.snapshot, self.last_step, self.lr = snapshot, step, timings[0].get("lr")
         if snapshot is not None:
             self.held = (self.repeat, step)
         total = max(t["total_s"] for t in timings.values())
@@ -305,6 +308,9 @@ class RayTrain(Strategy):
         if self.snapshot is None:  # the ranks' Schedule and the runner's went apart: no stale weights
             raise RunFailed(f"{self.name}: rank 0 sent no weights with the step the runner checks")
         return from_buffer(self.snapshot)
+
+    def learning_rate(self) -> float | None:
+        return self.lr
 
     def worker_info(self) -> list[dict]:
         return [dict(i) for i in self.info]

@@ -14,8 +14,16 @@ from hetbench.cluster.collective import operating_system
 from hetbench.cluster.processes import machine_memory_mb, peak_rss_mb
 from hetbench.config import Job, WorkerConfig
 from hetbench.cores import usable_cores
-from hetbench.devices import configure_threads, device_memory_mb, keep_freed_memory, node_device, set_precision
+from hetbench.devices import (
+    check_precision,
+    configure_threads,
+    device_memory_mb,
+    keep_freed_memory,
+    node_device,
+    set_precision,
+)
 from hetbench.gradients import FlatModel, from_wire, to_wire
+from hetbench.optimizer import ScheduledOptimizer
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
 from hetbench.workload import LoadedWorkload, dropout_keys, load_workload
@@ -56,8 +64,10 @@ class Replica:
     # from each compute:
     returned_at: float | None = None  # when my last `compute_after_idle` handed its gradient back
     samples = 0  # how many samples my last gradient was computed on (a re-split may land after it)
+    # from reset, where I take the update myself (single, DDP ranks, local SGD's replicas):
+    optimizer: ScheduledOptimizer
     # from begin_alone:
-    optimizer_alone: torch.optim.Optimizer
+    optimizer_alone: ScheduledOptimizer
     steps_alone = 0  # steps trained alone since, the warmup's included
 
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
@@ -68,6 +78,7 @@ class Replica:
         self.spec = job.workers[rank]
         self.batches = [w.batch for w in job.workers]
         self.device = node_device(self.spec.name, self.spec.device)
+        check_precision(self.device, job.run.precision, f"worker '{self.spec.name}'")
         self.workload = load_workload(job.run, announce=False)
         train = self.workload.train_split()
         self.inputs, self.labels = train.tensors(self.device)
@@ -93,6 +104,10 @@ class Replica:
     def resplit(self, batches: list[int], rank: int) -> None:
         """After a worker was lost: the survivors' new batches, and my place among them."""
         self.batches, self.rank = batches, rank
+
+    def learning_rate(self) -> float:
+        """My own optimizer's next rate, where I step one (single's, a DDP rank's, a local-SGD replica's)."""
+        return self.optimizer.lr
 
     def peak_rss_mb(self) -> float:
         return peak_rss_mb()
@@ -226,7 +241,12 @@ class Replica:
         inputs, labels, keys = self.my_batch(step)
         self.samples = len(labels)
         self.flat.zero_grad()
-        self.workload.forward_backward(self.flat.model, inputs, labels, keys)
+        self.forward_backward(self.flat.model, inputs, labels, keys)
+
+    def forward_backward(self, model, inputs: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> None:
+        """The workload's forward and backward in the run's precision (its loss scaled in fp16)."""
+        run = self.job.run
+        self.workload.forward_backward(model, inputs, labels, keys, run.precision, run.loss_scale)
 
     def work(self, device_work) -> None:
         """Run `device_work` on my stopwatch: its seconds on my device (slowed `slowdown` times when

@@ -24,8 +24,6 @@ from hetbench.train_state import load_train_state, train_state
 class OneDevice(Replica):
     """The baseline's process: one worker's node, device and thread budget; its slice is the whole batch."""
 
-    optimizer: torch.optim.Optimizer  # from reset
-
     def setup(self, job: Job, rank: int, threads_share: int) -> dict:
         info = super().setup(job, rank, threads_share)
         self.batches, self.rank = [job.run.batch_size], 0
@@ -81,6 +79,9 @@ class Single(Strategy):
 
     def weights(self) -> torch.Tensor:
         return self._do("weights")
+
+    def learning_rate(self) -> float:
+        return self._do("learning_rate")
 
     def worker_info(self) -> list[dict]:
         return self.info

@@ -50,7 +50,6 @@ class DDPRank(Replica):
     ddp: DistributedDataParallel  # my model in DDP, whose comm hook is _allreduce
     staging: dict[int, torch.Tensor]  # bucket index -> its CPU buffer, reused every step
     powersgd: PowerSGDState | None  # PowerSGD's state (its error feedback), where it compresses
-    optimizer: torch.optim.Optimizer
 
     def listen(self, master: str, world: int) -> int:
         """Rank 0: the group's rendezvous, held open at `master`; the port the others join at."""
@@ -109,7 +108,7 @@ class DDPRank(Replica):
         inputs, labels, keys = self.my_batch(step)
         self.flat.zero_grad()
         # (1) forward + backward on my slice; (2) runs inside backward, in _allreduce, bucket by bucket
-        self.workload.forward_backward(self.ddp, inputs, labels, keys)
+        self.forward_backward(self.ddp, inputs, labels, keys)
         # (3) the same optimizer step on every rank
         self.work(self.optimizer.step)
         reading = self.watch.read()
@@ -216,6 +215,9 @@ class TorchDDP(Strategy):
 
     def weights(self) -> torch.Tensor:
         return self._rank0("weights")
+
+    def learning_rate(self) -> float:
+        return self._rank0("learning_rate")
 
     def worker_info(self) -> list[dict]:
         return self.info

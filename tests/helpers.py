@@ -141,6 +141,19 @@ def run_killing_a_worker(tmp_path: Path, monkeypatch, capsys, strategy_cls, kill
 UNEQUAL = "workers=[{name: big, batch: 40}, {name: small, batch: 24}]"
 
 
+def weights_after(name: str, cfg, steps: int):
+    """Strategy `name`'s weights after `steps` steps from the seed, and its workers' info."""
+    strategy = made(registry.load(name), cfg)
+    try:
+        strategy.start()
+        strategy.reset(cfg.run.seed)
+        for step in range(steps):
+            strategy.step(step)
+        return strategy.weights(), strategy.worker_info()
+    finally:
+        strategy.close()
+
+
 def first_update(strategy_cls, cfg) -> torch.Tensor:
     strategy = made(strategy_cls, cfg)
     try:

@@ -239,7 +239,8 @@ def test_worker_refuses_a_head_nothing_answers_at(cli, monkeypatch):
     monkeypatch.setenv("MAC_DEVICE", "cpu")  # this machine has no MPS: it joins as a Mac without one must
     result = cli("worker", "--head", "127.0.0.1", "--ray-port", "9", "--timeout", "2")
     checked, refused = result.stderr.splitlines()  # the device trained first, then the head was asked
-    assert checked == "hetbench worker: cpu: cpu trains the model (one forward and backward pass)"
+    has = "(one forward and backward pass; it has fp32, tf32, bf16, fp16)"
+    assert checked == f"hetbench worker: cpu: cpu trains the model in fp32 {has}"
     assert_one_line_error(replace(result, stderr=refused), "cannot reach 127.0.0.1:9 within 2 s")
     assert "Windows desktop must let it through its Hyper-V firewall" in result.stderr
 

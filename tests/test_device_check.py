@@ -13,8 +13,10 @@ from hetbench.errors import UserError
 TURING = {"name": "NVIDIA GeForce RTX 2080", "driver": "580.65.06", "capability": "7.5"}
 
 
-def test_the_model_trains_on_the_cpu():
-    assert device_check.require("cpu") == ["cpu: cpu trains the model (one forward and backward pass)"]
+def test_the_model_trains_on_the_cpu_and_says_in_what_precisions():
+    has = "(one forward and backward pass; it has fp32, tf32, bf16, fp16)"
+    assert device_check.require("cpu") == [f"cpu: cpu trains the model in fp32 {has}"]
+    assert device_check.require("cpu", precision="bf16") == [f"cpu: cpu trains the model in bf16 {has}"]
 
 
 @pytest.mark.parametrize(
@@ -54,7 +56,7 @@ def test_a_supported_driver_and_gpu_pass():
 def test_a_device_that_cannot_run_the_model_is_refused_in_one_sentence(monkeypatch):
     from hetbench.workload import LoadedWorkload
 
-    def no_kernel(self, model, inputs, labels, keys):
+    def no_kernel(self, model, inputs, labels, keys, precision):
         raise RuntimeError("CUDA error: no kernel image is available for execution on the device\nCompile with ...")
 
     monkeypatch.setattr(LoadedWorkload, "forward_backward", no_kernel)
@@ -107,7 +109,7 @@ def test_an_mps_that_cannot_train_the_model_is_refused_with_the_same_way_out(mon
     monkeypatch.setattr(devices, "mps_available", lambda: True)
     monkeypatch.setattr(device_check, "mps_available", lambda: True)
 
-    def fails(device):
+    def fails(device, precision):
         raise UserError(f"the model does not train on {device}: MPS backend out of memory")
 
     monkeypatch.setattr(device_check, "trained", fails)
@@ -125,3 +127,33 @@ def test_a_node_that_joined_on_its_cpu_trains_there_and_refuses_a_worker_configu
     assert node_device("mac", "cpu") == torch.device("cpu")
     with pytest.raises(UserError, match="worker 'mac' is configured for mps, but its machine joined .* on cpu"):
         node_device("mac", "mps")
+
+
+@pytest.mark.parametrize(
+    "kind, mocked, says",
+    [
+        (
+            "cuda",
+            ("cuda", "is_bf16_supported"),
+            r"worker 'desk' cannot train in bf16 on cuda: cuda \(NVIDIA GeForce RTX 2080\) has no bfloat16",
+        ),
+        (
+            "mps",
+            ("backends.mps", "is_macos_or_newer"),
+            "worker 'mac' cannot train in bf16 on mps: MPS has bfloat16 from",
+        ),
+    ],
+)
+def test_a_device_without_the_runs_precision_is_refused_in_one_sentence(monkeypatch, kind, mocked, says):
+    """A Turing GPU (compute 7.5) and MPS before macOS 14 have no bfloat16; fp16 they have."""
+    from hetbench import devices
+
+    owner = torch.cuda if mocked[0] == "cuda" else torch.backends.mps
+    monkeypatch.setattr(owner, mocked[1], lambda *args, **kwargs: False)
+    monkeypatch.setattr(devices, "describe", lambda device: f"{device} (NVIDIA GeForce RTX 2080)")
+    device, who = torch.device(kind), "worker 'desk'" if kind == "cuda" else "worker 'mac'"
+    with pytest.raises(UserError, match=says) as refused:
+        devices.check_precision(device, "bf16", who)
+    assert "\n" not in str(refused.value) and "use precision fp16" in str(refused.value)
+    devices.check_precision(device, "fp16", who)  # both have float16
+    devices.check_precision(device, "fp32", who)

@@ -5,7 +5,14 @@ On the session's shared cluster: the fast tier's proof that every strategy compu
 import pytest
 import torch
 
-from helpers import UNEQUAL, check_first_update_is_the_union_batch_step, made, registered, small_config
+from helpers import (
+    UNEQUAL,
+    check_first_update_is_the_union_batch_step,
+    made,
+    registered,
+    small_config,
+    weights_after,
+)
 from hetbench.strategies import registry
 from hetbench.strategies.parameter_server import ParameterServerDriver
 
@@ -69,19 +76,6 @@ def test_five_steps_in_a_group_of_either_backend_equal_single_s(tmp_path, row, c
     (single, _), (grouped, info) = (weights_after(name, cfg, 5) for name in ("single", row.split("-powersgd")[0]))
     assert [w["collective"] for w in info] == [collective] * 2
     assert torch.allclose(grouped, single, atol=1e-4, rtol=0), (grouped - single).abs().max()
-
-
-def weights_after(name: str, cfg, steps: int):
-    """Strategy `name`'s weights after `steps` steps from the seed, and its workers' info."""
-    strategy = made(registry.load(name), cfg)
-    try:
-        strategy.start()
-        strategy.reset(cfg.run.seed)
-        for step in range(steps):
-            strategy.step(step)
-        return strategy.weights(), strategy.worker_info()
-    finally:
-        strategy.close()
 
 
 def test_powersgd_compresses_alike_over_gloo_and_the_tcp_group(tmp_path, shared_cluster):

@@ -13,7 +13,7 @@ import hetbench
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
     {"errors", "inputs", "identity", "cores", "devices", "clock", "progress", "step_timing"},
-    {"gradients", "partial_step", "balance", "train_state"},
+    {"gradients", "partial_step", "balance", "train_state", "optimizer"},
     {"config"},
     {"data", "metric"},
     {"workload", "workloads", "device_check", "training"},

@@ -43,7 +43,8 @@ def test_a_parameter_at_a_time_is_the_whole_update_each_sent_once_stepped(tmp_pa
     assert torch.equal(pieces.flat.params, whole.flat.params)
     assert [(o, s) for o, s, _ in published] == [(o, s) for _, o, s in reversed(pieces.flat.spans)] * 2
     assert all(stepped for _, _, stepped in published)
-    torch.testing.assert_close(pieces.optimizer.state_dict()["state"], whole.optimizer.state_dict()["state"])
+    states = (ps.optimizer.optimizer.state_dict()["state"] for ps in (pieces, whole))
+    torch.testing.assert_close(*states)
 
 
 @pytest.mark.parametrize("stepped_before", [False, True])
@@ -51,7 +52,7 @@ def test_an_update_cut_short_leaves_the_weights_and_the_optimizer_as_they_were(t
     ps = server(tmp_path, "adadelta")
     if stepped_before:  # the optimizer has state to put back; else it must have none again
         ps.apply(SHARES, *[g.numpy() for g in gradients(ps.flat.params.numel(), seed=0)])
-    weights, state = ps.flat.params.clone(), ps.optimizer.state_dict()
+    weights, state = ps.flat.params.clone(), ps.optimizer.optimizer.state_dict()
     state = {k: {n: v.clone() for n, v in s.items()} for k, s in state["state"].items()}
 
     def cut_short():
@@ -62,7 +63,7 @@ def test_an_update_cut_short_leaves_the_weights_and_the_optimizer_as_they_were(t
     with pytest.raises(ConnectionError, match="call failed"):
         ps.apply_by_parameter(SHARES, grads, cut_short(), lambda offset, size: None)
     assert torch.equal(ps.flat.params, weights)
-    torch.testing.assert_close(ps.optimizer.state_dict()["state"], state, rtol=0, atol=0)
+    torch.testing.assert_close(ps.optimizer.optimizer.state_dict()["state"], state, rtol=0, atol=0)
 
 
 def test_the_update_is_timed_from_when_the_last_gradient_came_in(tmp_path):

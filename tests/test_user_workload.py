@@ -17,7 +17,8 @@ from tiny_workload import data as tiny_data
 def test_a_users_module_function_is_loaded_with_its_own_optimizer():
     loaded = load_workload(RunConfig(workload="tiny_workload:build"))
     assert (loaded.name, loaded.spec, loaded.exact, loaded.parameters) == ("tiny-mlp", "tiny_workload:build", True, 676)
-    assert isinstance(loaded.build_optimizer(loaded.build_model(0).parameters(), RunConfig()), torch.optim.SGD)
+    optimizer = loaded.build_optimizer(loaded.build_model(0).parameters(), RunConfig())
+    assert isinstance(optimizer.optimizer, torch.optim.SGD) and optimizer.scheduler is None
     assert loaded.facts().optimizer == "SGD" and load_workload(RunConfig()).facts().optimizer is None
     train = loaded.train_split()
     assert train.inputs.shape == (2_000, 16) and train.labels.dtype.name == "int64"

@@ -1,8 +1,9 @@
 """A user's workload, as docs/workloads.md shows one: `--set workload=tiny_workload:build`.
 
 Four classes of 16 random features (seeded: every process makes the same set), a two-layer MLP with
-keyed dropout, its own optimizer. The fast tier's equivalence test trains it through every
-synchronous strategy; `plain` is the same net with torch's own dropout, which hetbench marks inexact.
+keyed dropout, its own optimizer (`scheduled`: and a learning-rate schedule). The fast tier's
+equivalence test trains it through every synchronous strategy; `plain` is the same net with torch's
+own dropout, which hetbench marks inexact.
 """
 
 from dataclasses import replace
@@ -29,6 +30,21 @@ def build(dropout: nn.Module | None = None) -> Workload:
         optimizer=lambda params: torch.optim.SGD(params, lr=0.1),
         name="tiny-mlp",
     )
+
+
+def warmup_then_halving(update: int) -> float:
+    """The rate's factor at each update: a 3-update warm-up, then halved every 2 updates."""
+    return min(1.0, (update + 1) / 3) * 0.5 ** max(0, (update - 2) // 2)
+
+
+def scheduled() -> Workload:  # a LambdaLR, stepped once per global update wherever the update runs
+    return replace(
+        build(), scheduler=lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_halving)
+    )
+
+
+def not_a_scheduler() -> Workload:  # a scheduler factory returning something else
+    return replace(build(), scheduler=lambda optimizer: optimizer)
 
 
 def plain() -> Workload:

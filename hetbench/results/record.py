@@ -45,6 +45,7 @@ class Settings:
     target_loss: float | None = None  # a workload judged by its test loss (metric.LOSS)
     loss_tolerance: float | None = None
     wire_dtype: str = "float32"
+    precision: str = "fp32"  # the workers' math: fp32 | tf32 | bf16, fp16 (autocast)
     link_rate: str | None = None  # tc's rate of the emulated link, e.g. 100mbit
     strategies: dict[str, StrategySettings] = field(default_factory=dict)
 
@@ -66,6 +67,7 @@ class Settings:
             target_loss=config.get("target_loss"),
             loss_tolerance=config.get("loss_tolerance"),
             wire_dtype=config.get("wire_dtype") or "float32",
+            precision=config.get("precision") or "fp32",
             link_rate=(config.get("link") or {}).get("rate"),
             strategies={
                 RENAMED.get(name, name): StrategySettings(**_known(StrategySettings, own))

@@ -14,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 
 from hetbench.cores import usable_cores
-from hetbench.devices import available_devices, describe, resolve_device
+from hetbench.devices import AUTOCAST, available_devices, describe, resolve_device
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
 from hetbench.inputs import load_json, read_text
@@ -87,7 +87,8 @@ def devices(records: list[Record]) -> str:
 def trained(records: list[Record]) -> str:
     """ " Workload: NAME (N parameters, M MB a step)." where the records name it (those from before
     the workload seam trained the MNIST CNN and say nothing); one with its own optimizer names it
-    (the run's `optimizer` and `lr` do not apply), an inexact one says why."""
+    (the run's `optimizer` and `lr` do not apply), its scheduler, and the precision where not fp32; an
+    inexact one says why."""
     facts = next((r.workload for r in records if getattr(r, "workload", None)), None)
     if facts is None:
         return ""
@@ -96,6 +97,11 @@ def trained(records: list[Record]) -> str:
     if facts.input_shape is not None:  # records from before it was kept: not said
         size += f", input {facts.input_shape}"
     own = f", its own {facts.optimizer}" if facts.optimizer else ""
+    if facts.scheduler:
+        own += f", its {facts.scheduler} stepped once per update"
+    precision = next((r.config.precision for r in records if r.config.precision != "fp32"), None)
+    if precision:
+        own += f", in {precision}" + (" autocast" if precision in AUTOCAST else "")
     return f" Workload: {facts.name} ({size}{own}{inexact})."
 
 
