@@ -155,6 +155,9 @@ class RunConfig:
     )
     eval_samples: int = setting(2000, "test images for those checks")
     test_samples: int = setting(0, "test images for the final accuracy (0 = the whole split)")
+    batch_norm_samples: int = setting(
+        2048, "a model with batch norm: training samples its statistics are recomputed over at each check"
+    )
     target_accuracy: float = setting(0.9, "for time-to-target")
     accuracy_tolerance: float = setting(
         0.005, "the verdict recommends a row only if it ends within this much of the best machine alone's test accuracy"
@@ -602,7 +605,15 @@ def _worker_list(merged: dict) -> list:
 
 def validate(cfg: Config) -> Config:
     run, cluster = cfg.run, cfg.cluster
-    for key in ("batch_size", "steps", "repeats", "evaluated_repeats", "eval_every", "eval_samples"):
+    for key in (
+        "batch_size",
+        "steps",
+        "repeats",
+        "evaluated_repeats",
+        "eval_every",
+        "eval_samples",
+        "batch_norm_samples",
+    ):
         if getattr(run, key) <= 0:
             raise UserError(f"config key '{key}' must be positive, got {getattr(run, key)}")
     for key in (

@@ -16,7 +16,7 @@ from hetbench.errors import stop_if_interrupted
 from hetbench.gradients import FlatModel
 from hetbench.metric import ACCURACY, Metric
 from hetbench.step_timing import StepTiming
-from hetbench.workload import LoadedWorkload
+from hetbench.workload import LoadedWorkload, batch_norms, recompute_batch_norm
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,16 @@ class Evaluator:
         self.metric, self.loss = workload.metric, workload.loss
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))
+        self.batch = run.batch_size
+        self.norm_inputs = None  # with batch norm: the training samples its statistics are recomputed over
+        if batch_norms(self.flat.model):
+            stored, _ = workload.train_split().tensors("cpu")
+            self.norm_inputs = workload.prepare(stored[: run.batch_norm_samples])
 
     def __call__(self, weights: torch.Tensor, full: bool = False) -> float:
         self.flat.load_params(weights)
+        if self.norm_inputs is not None:
+            recompute_batch_norm(self.flat.model, self.norm_inputs, self.batch)
         n = self.final if full else self.quick
         return self.metric.measure(self.flat.model, self.inputs[:n], self.labels[:n], self.loss)
 

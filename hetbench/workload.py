@@ -167,6 +167,7 @@ class WorkloadFacts:
     scheduler: str | None = None  # its learning-rate scheduler's class, stepped once per global update; None: none
     input_shape: list[int] | None = None  # one sample as the model takes it (after `prepare`)
     keyed_layers: int = 0  # its KeyedDropout layers (keyed_dropout's swaps among them)
+    batch_norm_layers: int = 0  # their statistics are recomputed at each check (recompute_batch_norm)
     metric: str = "accuracy"  # what rows are judged by (metric.METRICS): its test loss where labels are not classes
 
     @property
@@ -186,6 +187,7 @@ class LoadedWorkload:
         model = self.build_model(0)  # refuses what hetbench cannot train alike before any cluster starts
         self.parameters = count_parameters(model)  # as many as the flat buffer every strategy moves
         self.inexact = _why_inexact(model)
+        self.batch_norm_layers = len(batch_norms(model))
         self.keyed_layers = sum(isinstance(m, KeyedDropout) for m in model.modules())
         self.files = {path.name: hashlib.sha256(path.read_bytes()).hexdigest()[:12] for path in sorted(set(sources))}
         self.code = hashlib.sha256(repr(sorted(self.files.items())).encode()).hexdigest()[:12]
@@ -202,7 +204,7 @@ class LoadedWorkload:
         shape = list(self.prepare(self.test_split().tensors("cpu")[0][:1]).shape[1:])
         optimizer, keyed = self.optimizer_name, self.keyed_layers
         facts = (self.parameters, self.code, self.exact, self.inexact, optimizer, self.scheduler_name, shape, keyed)
-        return WorkloadFacts(name, spec, *facts, self.metric.name)
+        return WorkloadFacts(name, spec, *facts, self.batch_norm_layers, self.metric.name)
 
     @property
     def metric(self) -> Metric:
@@ -221,12 +223,6 @@ class LoadedWorkload:
         if not isinstance(model, nn.Module):
             raise UserError(
                 f"workload {self.spec}: its model() returned a {type(model).__name__}, not a torch nn.Module"
-            )
-        norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-        if norms:
-            raise UserError(
-                f"workload {self.spec}: its model has batch norm ({', '.join(norms)}), whose statistics depend "
-                "on how each step's batch is split between machines: use GroupNorm or LayerNorm"
             )
         wide = [name for name, p in model.named_parameters() if p.dtype == torch.float64]
         if wide:
@@ -258,7 +254,16 @@ class LoadedWorkload:
         stored, labels = train.tensors("cpu")
         inputs, labels = self.prepare(stored[:n]), labels[:n]
         model = self.build_model(0).train()
-        buffers = {name: b.clone() for name, b in model.named_buffers() if b.is_floating_point()}
+        norms = {id(m) for m in batch_norms(model)}  # their statistics follow recompute_batch_norm's rule
+        statistics = {
+            f"{name}.{b}".lstrip(".")
+            for name, m in model.named_modules()
+            if id(m) in norms
+            for b, _ in m.named_buffers(recurse=False)
+        }
+        buffers = {
+            name: b.clone() for name, b in model.named_buffers() if b.is_floating_point() and name not in statistics
+        }
         try:
             with keyed(model, dropout_keys(0, 0, torch.arange(n))):
                 scores = model(inputs)
@@ -446,13 +451,46 @@ def _gathered(dataset: torch.utils.data.Dataset, spec: str) -> tuple[torch.Tenso
 
 def _why_inexact(model: nn.Module) -> str | None:
     drawn = [name for name, m in model.named_modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
-    if not drawn:
-        return None
-    return (
-        f"its dropout ({', '.join(drawn)}) draws from each process's own random stream, so a synchronous step "
-        "is not one single-device step on the union batch (hetbench.workload.keyed_dropout(model) swaps nn.Dropout for "
-        "dropout keyed by sample)"
-    )
+    norms = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    why = []
+    if drawn:
+        why.append(
+            f"its dropout ({', '.join(drawn)}) draws from each process's own random stream, so a synchronous step "
+            "is not one single-device step on the union batch (hetbench.workload.keyed_dropout(model) swaps "
+            "nn.Dropout for dropout keyed by sample)"
+        )
+    if norms:
+        why.append(
+            f"its batch norm ({', '.join(norms)}) normalizes over each worker's share of the batch, as DDP does, "
+            "not over the union batch"
+        )
+    return "; ".join(why) or None
+
+
+def batch_norms(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
+def recompute_batch_norm(model: nn.Module, inputs: torch.Tensor, batch: int) -> None:
+    """Batch norm's running statistics made afresh from the model's weights: its mean and variance over
+    `inputs` (prepared training samples, the same every time), `batch` at a time, as an equal average
+    of those batches; the rest of the model in eval mode. What every row is evaluated with, so they
+    depend on the weights alone, not on how the run split its batches (docs/workloads.md)."""
+    norms = batch_norms(model)
+    momenta = [m.momentum for m in norms]
+    model.eval()
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # a cumulative average: every batch counts alike
+        m.train()
+    try:
+        with torch.no_grad():
+            for start in range(0, len(inputs), batch):
+                model(inputs[start : start + batch])
+    finally:
+        for m, momentum in zip(norms, momenta):
+            m.momentum = momentum
+        model.eval()
 
 
 # ---- finding it --------------------------------------------------------------------------------

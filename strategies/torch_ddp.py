@@ -87,8 +87,9 @@ class DDPRank(Replica):
         # PowerSGD: the model in one bucket. The hook chains its all-reduces in callbacks, which gloo
         # would order differently on each rank with several buckets in flight (a collective mismatch)
         one_bucket = {"bucket_cap_mb": 64} if self.powersgd_rank else {}
-        # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors)
-        self.ddp = DistributedDataParallel(self.flat.model, init_sync=False, **one_bucket)
+        # every rank built the same model from the seed: DDP need not broadcast it (gloo takes no MPS tensors);
+        # nor batch norm's statistics each step: the evaluator recomputes them (workload.recompute_batch_norm)
+        self.ddp = DistributedDataParallel(self.flat.model, init_sync=False, broadcast_buffers=False, **one_bucket)
         self.ddp.register_comm_hook(None, self._allreduce)
         self.staging: dict[int, torch.Tensor] = {}
         # PowerSGD's state per repeat: plain all-reduces before its start (at least 2 steps: DDP may

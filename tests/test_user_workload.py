@@ -53,7 +53,6 @@ def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_pr
         ("tiny_workload:nothing", "workload tiny_workload:nothing: module tiny_workload"),
         ("tiny_workload", "workload 'tiny_workload' is neither a built-in (mnist-cnn, shapes-resnet) nor a module"),
         ("tiny_workload:data", "workload tiny_workload:data: data() raised TypeError"),
-        ("tiny_workload:batch_norm", "its model has batch norm (2), whose statistics depend on how"),
         ("tiny_workload:wide_prepare", "workload tiny_workload:wide_prepare: its prepare() returns float64"),
         ("tiny_workload:summed_loss", "workload tiny_workload:summed_loss: its loss is not a mean over the batch"),
         ("tiny_workload:counting", "its model's buffers (2.seen) change in a training step, and hetbench"),

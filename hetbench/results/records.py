@@ -99,6 +99,8 @@ def trained(records: list[Record]) -> str:
     own = f", its own {facts.optimizer}" if facts.optimizer else ""
     if facts.scheduler:
         own += f", its {facts.scheduler} stepped once per update"
+    if facts.batch_norm_layers:
+        own += f", its {facts.batch_norm_layers} batch norm layers' statistics recomputed at each check"
     precision = next((r.config.precision for r in records if r.config.precision != "fp32"), None)
     if precision:
         own += f", in {precision}" + (" autocast" if precision in AUTOCAST else "")

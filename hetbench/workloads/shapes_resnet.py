@@ -4,7 +4,8 @@ Where the MNIST CNN is nearly all one fully connected layer (1.2 M parameters fo
 this net's weights are convolutions applied at every pixel: about 4 times the CNN's compute a sample
 for a quarter of its bytes, so the link costs a far smaller share of each step. Its data is made
 here from a fixed seed (nothing downloaded; every machine draws the same images), and its norms are
-GroupNorm: batch norm's statistics would depend on how a step's batch is split between machines.
+GroupNorm: batch norm's would depend on how a step's batch is split between machines (a row with
+batch norm runs, but not exact: docs/workloads.md).
 """
 
 from __future__ import annotations
