@@ -16,13 +16,12 @@ class ScheduledOptimizer:
     worker) is skipped, the schedule with it. Every synchronous update site sees the same combined
     gradient, so single, the server and every DDP rank skip the same steps. The scale is fixed, not
     grown and cut as torch's GradScaler does: each worker would have to learn of every skip to keep
-    one scale, and a skip cannot go unnoticed (`skipped`)."""
+    one scale."""
 
     def __init__(
         self, optimizer: torch.optim.Optimizer, scheduler: LRScheduler | None = None, loss_scale: float = 1.0
     ) -> None:
         self.optimizer, self.scheduler, self.loss_scale = optimizer, scheduler, loss_scale
-        self.skipped = 0  # updates not taken: their gradient was not finite
 
     @property
     def param_groups(self) -> list[dict]:
@@ -35,8 +34,7 @@ class ScheduledOptimizer:
 
     def step(self) -> None:
         if self.loss_scale != 1.0 and not self._unscaled():
-            self.skipped += 1
-            return
+            return  # an overflow: no update, and the schedule waits for the next
         self.optimizer.step()
         self.advance()
 

@@ -112,12 +112,14 @@ def test_the_workload_benchmark_prints_each_workloads_step_bytes_and_their_ratio
     repo = Path(__file__).resolve().parents[1]
     command = [sys.executable, str(repo / "benchmarks" / "workloads.py"), "--device", "cpu", "--batch", "16"]
     run = [*command, "--steps", "2", "--rounds", "2", "--workload", "tiny_workload:build", "--workload", "mnist-cnn"]
-    shown = subprocess.run(run, capture_output=True, text=True, timeout=240, cwd=repo / "tests")
+    shown = subprocess.run([*run, "--precision", "fp32", "--precision", "bf16"], capture_output=True, text=True,
+                           timeout=240, cwd=repo / "tests")  # fmt: skip
     assert shown.returncode == 0, shown.stderr[-2000:]
-    rows = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in shown.stdout.splitlines()[3:]}
-    assert set(rows) == {"tiny-mlp", "mnist-cnn"}
-    assert [cell.strip() for cell in rows["mnist-cnn"][:2]] == ["1,199,882", "4.80"]
-    assert float(rows["tiny-mlp"][4]) > 0  # MB per compute-second: measured
+    cells = [[cell.strip() for cell in line.split("|")[1:-1]] for line in shown.stdout.splitlines()[3:]]
+    rows = {(row[0], row[1]): row[2:] for row in cells}
+    assert set(rows) == {(name, p) for name in ("tiny-mlp", "mnist-cnn") for p in ("fp32", "bf16")}
+    assert rows["mnist-cnn", "bf16"][:2] == rows["mnist-cnn", "fp32"][:2] == ["1,199,882", "4.80"]
+    assert float(rows["tiny-mlp", "bf16"][4]) > 0  # MB per compute-second: measured
     bad = subprocess.run([*command, "--workload", "no_such:build"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("workloads: workload no_such:build: no module")
     assert len(bad.stderr.strip().splitlines()) == 1

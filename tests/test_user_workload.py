@@ -185,3 +185,14 @@ def test_a_run_of_float_targets_judges_rows_by_their_test_loss_in_records_tables
     table = (tmp_path / "quick.md").read_text()
     assert "| test loss " in table and "| test acc" not in table and "test loss 0.5" in table.split("\n\n")[2]
     assert (tmp_path / "quick.csv").read_text().splitlines()[0].count(",test loss,") == 1
+
+
+def test_the_example_models_load_as_a_user_trains_them():
+    """workloads/: a torchvision-style ResNet with batch norm and a schedule, and a small causal
+    transformer with its own token loss, AdamW and warm-up then cosine (docs/workloads.md)."""
+    resnet = load_workload(RunConfig(workload="workloads.resnet_bn:build"))
+    resnet.preflight(RunConfig())
+    assert (resnet.exact, resnet.facts().batch_norm_layers, resnet.facts().scheduler) == (False, 9, "LambdaLR")
+    lm = load_workload(RunConfig(workload="workloads.tiny_lm:build", target_loss=2.0))
+    lm.preflight(RunConfig(target_loss=2.0))
+    assert (lm.exact, lm.metric.name, lm.facts().optimizer, lm.facts().input_shape) == (True, "loss", "AdamW", [32])
