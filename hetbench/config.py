@@ -179,6 +179,10 @@ class RunConfig:
         "adadelta", "adadelta (the PyTorch example's) | sgd | adam; unless the workload brings its own"
     )
     lr: float = setting(1.0, "learning rate for that optimizer")
+    lr_warmup_steps: int = setting(0, "the rate rises linearly over the first N updates; 0 = none")
+    lr_decay: Literal["none", "cosine", "linear"] = setting(
+        "none", "after the warm-up, the rate falls to 0 at the repeat's last step: none | cosine | linear"
+    )
     dropout: float = setting(0.25, "the built-in workloads' dropout (its masks keyed by seed, step and sample)")
     wire_dtype: Literal["float32", "bfloat16", "float16"] = setting(
         "float32", "gradients, weights and deltas between machines: float32 | bfloat16 | float16"
@@ -625,6 +629,7 @@ def validate(cfg: Config) -> Config:
         "standalone_steps",
         "checkpoint_every",
         "rebalance_every",
+        "lr_warmup_steps",
     ):
         if getattr(run, key) < 0:
             raise UserError(f"config key '{key}' must not be negative, got {getattr(run, key)}")

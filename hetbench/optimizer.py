@@ -3,6 +3,8 @@ schedule: single's, a parameter server's, each DDP rank's, each local-SGD replic
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.optim.lr_scheduler import LRScheduler
 
@@ -61,3 +63,29 @@ class ScheduledOptimizer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+
+class RunSchedule:
+    """The config's schedule (`lr_warmup_steps`, `lr_decay`) as LambdaLR's factor of the update: a
+    linear rise over the warm-up, then none, a cosine or a line down to 0 at update `total`."""
+
+    def __init__(self, warmup: int, decay: str, total: int) -> None:
+        self.warmup, self.decay, self.total = warmup, decay, total
+
+    @classmethod
+    def of(cls, lr_warmup_steps: int, lr_decay: str, warmup_steps: int, steps: int) -> RunSchedule:
+        """From the run's settings: it ends with an evaluated repeat's warm-up and timed steps."""
+        return cls(lr_warmup_steps, lr_decay, warmup_steps + steps)
+
+    def __call__(self, update: int) -> float:
+        if update < self.warmup:
+            return (update + 1) / self.warmup
+        if self.decay == "none":
+            return 1.0
+        done = min(1.0, (update - self.warmup) / max(1, self.total - self.warmup))
+        return 0.5 * (1 + math.cos(math.pi * done)) if self.decay == "cosine" else 1.0 - done
+
+    def __str__(self) -> str:
+        rise = f"{self.warmup} updates' warm-up" if self.warmup else ""
+        fall = f"{self.decay} decay to 0 at update {self.total}" if self.decay != "none" else ""
+        return " then ".join(part for part in (rise, fall) if part)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
 from hetbench.clock import median
 from hetbench.config import RunConfig
@@ -29,7 +29,7 @@ from hetbench.devices import autocast, loss_scale_of
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
 from hetbench.metric import ACCURACY, LOSS, Metric, for_labels
-from hetbench.optimizer import ScheduledOptimizer
+from hetbench.optimizer import RunSchedule, ScheduledOptimizer
 from hetbench.workloads import BUILT_IN
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
@@ -242,6 +242,11 @@ class LoadedWorkload:
                     f"workload {self.spec}: its training {what} are {list(mine.shape[1:])} {mine.dtype} a sample but "
                     f"its test {what} {list(theirs.shape[1:])} {theirs.dtype}"
                 )
+        if self.workload.scheduler is not None and (run.lr_warmup_steps or run.lr_decay != "none"):
+            raise UserError(
+                f"workload {self.spec}: it brings its own scheduler ({self.scheduler_name}), and the config sets "
+                "lr_warmup_steps or lr_decay too: keep one schedule"
+            )
         metric = self.metric
         if metric is LOSS and not metric.target(run):  # target_loss has no default: no loss suits every model
             raise UserError(
@@ -345,8 +350,14 @@ class LoadedWorkload:
             optimizer = self.workload.optimizer(params)
         else:
             optimizer = build_optimizer(params, run.optimizer, run.lr)
-        scheduler = self.workload.scheduler and self.workload.scheduler(optimizer)
-        return ScheduledOptimizer(optimizer, scheduler or None, loss_scale_of(run.precision, run.loss_scale))
+        if self.workload.scheduler is not None:
+            scheduler = self.workload.scheduler(optimizer)
+        elif run.lr_warmup_steps or run.lr_decay != "none":
+            schedule = RunSchedule.of(run.lr_warmup_steps, run.lr_decay, run.warmup_steps, run.steps)
+            scheduler = LambdaLR(optimizer, schedule)
+        else:
+            scheduler = None
+        return ScheduledOptimizer(optimizer, scheduler, loss_scale_of(run.precision, run.loss_scale))
 
     def _scheduler_name(self) -> str | None:
         """Its scheduler's class, for the records, made once on a throwaway optimizer; refused in one

@@ -84,3 +84,31 @@ def test_the_scheduled_optimizer_steps_its_schedule_with_each_update_and_keeps_b
     restored.load_state_dict(stepped.state_dict())
     assert restored.lr == pytest.approx(0.01) and restored.scheduler.last_epoch == 4
     assert ScheduledOptimizer(torch.optim.SGD([param], lr=0.5)).state_dict()["scheduler"] is None
+
+
+@pytest.mark.parametrize(
+    "decay, factors",
+    [("cosine", [0.5, 1.0, 1.0, 0.75, 0.25, 0.0]), ("linear", [0.5, 1.0, 1.0, 2 / 3, 1 / 3, 0.0])],
+)
+def test_the_configs_schedule_warms_up_then_decays_by_the_same_seam(decay, factors):
+    """lr_warmup_steps and lr_decay: a LambdaLR over a repeat's steps, where the workload brings none."""
+    from hetbench.config import RunConfig
+    from hetbench.workload import load_workload
+
+    loaded = load_workload(RunConfig(workload="tiny_workload:build"))
+    run = RunConfig(lr_warmup_steps=2, lr_decay=decay, warmup_steps=1, steps=4)  # 5 updates in a repeat
+    optimizer = loaded.build_optimizer(loaded.build_model(0).parameters(), run)
+    rates = [optimizer.lr]
+    for _ in range(5):
+        optimizer.step()  # no gradients: the rate moves all the same
+        rates.append(optimizer.lr)
+    assert rates == pytest.approx([BASE_LR * f for f in factors])
+    assert str(optimizer.scheduler.lr_lambdas[0]) == f"2 updates' warm-up then {decay} decay to 0 at update 5"
+
+
+def test_a_workload_with_its_own_scheduler_and_a_configs_schedule_is_one_sentence(cli):
+    from helpers import assert_one_line_error
+
+    scheduled = ["--set", "workload=tiny_workload:scheduled", "--set", "lr_decay=cosine"]
+    refused = cli("run", "-c", "benchmarks/configs/quick.yaml", *scheduled)
+    assert_one_line_error(refused, "it brings its own scheduler (LambdaLR), and the config sets lr_warmup_steps")

@@ -10,6 +10,7 @@ from hetbench.clock import median
 from hetbench.config import RENAMED, SECTIONS
 from hetbench.floor import FLOOR_NAME, FLOORS
 from hetbench.metric import ACCURACY, METRICS, Metric
+from hetbench.optimizer import RunSchedule
 from hetbench.training import CurvePoint
 from hetbench.workload import WorkloadFacts
 
@@ -46,6 +47,7 @@ class Settings:
     loss_tolerance: float | None = None
     wire_dtype: str = "float32"
     precision: str = "fp32"  # the workers' math: fp32 | tf32 | bf16, fp16 (autocast)
+    lr_schedule: str = ""  # the config's learning-rate schedule in words (optimizer.RunSchedule); "": none
     link_rate: str | None = None  # tc's rate of the emulated link, e.g. 100mbit
     strategies: dict[str, StrategySettings] = field(default_factory=dict)
 
@@ -68,6 +70,14 @@ class Settings:
             loss_tolerance=config.get("loss_tolerance"),
             wire_dtype=config.get("wire_dtype") or "float32",
             precision=config.get("precision") or "fp32",
+            lr_schedule=str(
+                RunSchedule.of(
+                    *(
+                        config.get(k) or d
+                        for k, d in (("lr_warmup_steps", 0), ("lr_decay", "none"), ("warmup_steps", 0), ("steps", 0))
+                    )
+                )
+            ),  # fmt: skip
             link_rate=(config.get("link") or {}).get("rate"),
             strategies={
                 RENAMED.get(name, name): StrategySettings(**_known(StrategySettings, own))

@@ -99,6 +99,9 @@ def trained(records: list[Record]) -> str:
     own = f", its own {facts.optimizer}" if facts.optimizer else ""
     if facts.scheduler:
         own += f", its {facts.scheduler} stepped once per update"
+    schedule = next((r.config.lr_schedule for r in records if r.config.lr_schedule), "")
+    if schedule:
+        own += f", the learning rate on {schedule}"
     if facts.batch_norm_layers:
         own += f", its {facts.batch_norm_layers} batch norm layers' statistics recomputed at each check"
     precision = next((r.config.precision for r in records if r.config.precision != "fp32"), None)
