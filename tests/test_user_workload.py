@@ -59,6 +59,7 @@ def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_pr
         ("tiny_workload:no_test", "workload tiny_workload:no_test: what it returned has no test: it needs"),
         ("tiny_workload:Counting", "workload tiny_workload:Counting: it returned a Counting, not a hetbench"),
         ("tiny_workload:regression", "workload tiny_workload:regression: its labels are not class indices, so rows"),
+        ("tiny_workload:not_a_scheduler", "its scheduler returned a SGD, not a torch LRScheduler (scheduler: lambda"),
     ],
 )
 def test_a_bad_workload_is_one_sentence_and_exit_2(cli, spec, says):
