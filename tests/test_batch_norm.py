@@ -8,6 +8,7 @@ import torch
 from helpers import UNEQUAL, made, registered, small_config
 from hetbench.config import RunConfig
 from hetbench.gradients import FlatModel
+from hetbench.results.record import Settings
 from hetbench.results.records import trained
 from hetbench.strategies import registry
 from hetbench.training import Evaluator
@@ -31,7 +32,7 @@ def test_the_workload_says_it_is_not_exact_and_the_record_says_the_rule():
 
     class Row:  # what trained() reads of a record
         workload = facts
-        config = type("Settings", (), {"precision": "fp32"})()
+        config = Settings()
 
     assert "its 1 batch norm layers' statistics recomputed at each check" in trained([Row()])
 
