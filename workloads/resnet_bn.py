@@ -5,12 +5,12 @@ Its batch norm trains as DDP trains it (each worker normalizes over its own shar
 not exact; the statistics it is evaluated with are recomputed from the weights (docs/workloads.md).
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
 
+from hetbench.optimizer import RunSchedule
 from hetbench.workloads.shapes_resnet import prepare, shapes
 
 STEPS = 60  # the schedule's length: a config running longer holds the floor of the cosine
@@ -48,12 +48,6 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(self.layers(self.stem(x)), 1), 1))
 
 
-def warmup_then_cosine(update: int, warmup: int = 5) -> float:
-    if update < warmup:
-        return (update + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (update - warmup) / max(1, STEPS - warmup))))
-
-
 def build(seed: int) -> dict:
     return {
         "model": ResNet,
@@ -61,6 +55,6 @@ def build(seed: int) -> dict:
         "test": lambda: shapes("test"),
         "prepare": prepare,
         "optimizer": lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9),
-        "scheduler": lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_cosine),
+        "scheduler": lambda optimizer: LambdaLR(optimizer, RunSchedule(5, "cosine", STEPS)),  # warm-up, cosine
         "name": "resnet-bn",
     }

@@ -7,11 +7,12 @@ The text is drawn as integers (every machine draws the same): each token the sum
 it, modulo the vocabulary, from a random pair, so the loss falls as the model learns the rule.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from hetbench.optimizer import RunSchedule
 
 VOCAB, CONTEXT, WIDTH, HEADS, LAYERS = 32, 32, 64, 4, 2
 STEPS = 100  # the schedule's length
@@ -49,12 +50,6 @@ def token_loss(scores: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(scores.reshape(-1, VOCAB).float(), labels.reshape(-1))
 
 
-def warmup_then_cosine(update: int, warmup: int = 10) -> float:
-    if update < warmup:
-        return (update + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (update - warmup) / max(1, STEPS - warmup))))
-
-
 def build(seed: int) -> dict:
     return {
         "model": TinyLM,
@@ -62,6 +57,6 @@ def build(seed: int) -> dict:
         "test": lambda: text(1_000, 1),
         "loss": token_loss,
         "optimizer": lambda params: torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01),
-        "scheduler": lambda optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_then_cosine),
+        "scheduler": lambda optimizer: LambdaLR(optimizer, RunSchedule(10, "cosine", STEPS)),  # warm-up, cosine
         "name": "tiny-lm",
     }
