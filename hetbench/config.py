@@ -86,6 +86,11 @@ class PlanConfig:
         "hetbench run predicts every row as plan does (each worker timed alone at the equal split's share "
         "too) and records it",
     )
+    race: Literal["all", "worth"] = setting(
+        "all",
+        "the rows hetbench run races: all, or single and those its plan (plan.check) names worth racing, "
+        "the others recorded as predicted",
+    )
 
 
 @dataclass(frozen=True)
@@ -635,6 +640,8 @@ def validate(cfg: Config) -> Config:
             raise UserError(f"config key '{key}' must not be negative, got {getattr(run, key)}")
     if cfg.plan.seconds <= 0 or cfg.plan.steps <= 0:
         raise UserError("config keys 'plan.seconds' and 'plan.steps' must be positive")
+    if cfg.plan.race == "worth" and not cfg.plan.check:
+        raise UserError("plan.race worth races the rows the run's plan names: set plan.check true")
     if cluster.step_timeout_s <= 0 or cluster.connect_timeout_s <= 0:
         raise UserError("config keys 'cluster.step_timeout_s' and 'cluster.connect_timeout_s' must be positive")
     if not 0.0 <= run.dropout < 1.0:

@@ -119,10 +119,24 @@ class Measured:
     # ready, its float32 bytes), in that order (LoadedWorkload.gradients_ready); empty: not measured
     beside_server: frozenset[str] = frozenset()  # workers whose round trips to a parameter server
     # cross no link (runner.beside_server): no ps-floor is charged to them
+    waits: float = 1.0  # a synchronous step's compute over its slowest worker's (lockstep_wait); 1: alone
 
     def in_a_row(self, synchronous: bool) -> Measured:
-        """What a row's workers compute at: each one's timings stretched by its sharing."""
-        return replace(self, alone=tuple(a.beside_others(synchronous) for a in self.alone))
+        """What a row's workers compute at: each one's timings stretched by its sharing, and a
+        synchronous step by its wait for whichever worker is slowest in it."""
+        waits = lockstep_wait(self.alone) if synchronous else 1.0
+        return replace(self, alone=tuple(a.beside_others(synchronous) for a in self.alone), waits=waits)
+
+
+def lockstep_wait(alone: tuple[Alone, ...]) -> float:
+    """How much longer a step in lockstep is than its slowest worker's median step: each waits for
+    whichever worker was slowest in it, and workers that jitter (one box's cores shared) are slow
+    by turns, which each one's median misses (on the stand-in pair: 5-7 ms of a 58 ms step). Timed
+    at the start: the median over the lockstep steps of the slowest figure in each; 1 where not timed."""
+    steps = list(zip(*(a.lockstep_s for a in alone)))
+    if len(alone) < 2 or not steps:
+        return 1.0
+    return max(median([max(step) for step in steps]) / max(median(a.lockstep_s) for a in alone), 1.0)
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,7 @@ class RowPlan:
     strategy: str
     balance: str | None
     split: tuple[int, ...]
-    compute_s: float  # the slowest share's step alone (median timings)
+    compute_s: float  # the slowest share's step in the row (median timings; a synchronous row's with its waits)
     sync_s: float  # the link's share of a step at the floor
     samples_per_s: tuple[float, float, float]  # slowest, median, fastest timings
     vs_alone: tuple[float, float, float]  # the same, each over the best alone (its fastest for the lowest)
@@ -165,8 +179,9 @@ def spread(figures: list[float]) -> tuple[float, float, float]:
 
 
 def slowest_s(measured: Measured, split: list[int], pick=median) -> float:
-    """The slowest share's step alone at `split`: what a synchronous step waits for before its sync."""
-    return max(a.step_s(b, pick) for a, b in zip(measured.alone, split))
+    """The slowest share's step at `split`, and the wait for whichever is slowest each step (in a
+    row: Measured.in_a_row): what a synchronous step waits for before its sync."""
+    return max(a.step_s(b, pick) for a, b in zip(measured.alone, split)) * measured.waits
 
 
 def link_s(measured: Measured, transfers: float, width: int) -> float:
@@ -264,7 +279,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         return None  # no link crossed (nothing to predict it by)
     if (measured.allreduce_s if transfers is not None else measured.roundtrip_s) is None:
         return None  # its floor failed: markdown says so
-    overlap = strategy.overlap if measured.ready else ""
+    overlap = strategy.overlap if measured.ready and not shares_cores(measured, strategy.synchronous) else ""
     if transfers is None:  # asynchronous: each worker at its own pace
         rate = partial(async_rate, measured, split, width, max_staleness=strategy.max_staleness)
     else:
@@ -272,7 +287,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
     rates = spread([rate(pick=pick) for pick in PICKS])
     vs = (rates[0] / alone[2], rates[1] / alone[1], rates[2] / alone[0])
     shares = tuple(a.step_s(b) for a, b in zip(measured.alone, split))
-    compute, sync = max(shares), link_s(measured, transfers or 0.0, width)  # the slowest share's (slowest_s)
+    compute, sync = slowest_s(measured, split), link_s(measured, transfers or 0.0, width)
     exposed = sum(split) / rates[1] - compute if overlap else None
     return RowPlan(
         name,
@@ -283,7 +298,7 @@ def predict_row(cfg: Config, measured: Measured, name: str, balance: str | None,
         rates,
         vs,
         verdict(vs, compute, sync, transfers, measured, best, batch),
-        note(cfg, strategy, measured, split, alone[1], batch),
+        note(cfg, strategy, measured, split, alone[1], batch, overlap),
         strategy.synchronous,
         exposed,
         shares,
@@ -315,7 +330,7 @@ def verdict(vs, compute: float, sync: float, transfers, measured: Measured, best
     )
 
 
-def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: float, batch: int) -> str:
+def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: float, batch: int, overlap: str) -> str:
     """What would turn the row around: local SGD's smallest sync interval that beats the best alone;
     torch-ddp's bfloat16 wire and PowerSGD; for an asynchronous row, what it cannot say."""
     options = cfg.options.get(strategy.name, {})
@@ -325,10 +340,18 @@ def note(cfg: Config, strategy, measured: Measured, split: list[int], alone: flo
         return "samples/s only: its stale gradients may cost steps to the target, which only a race shows"
     if options.get("compression") == "none":  # torch-ddp's
         fraction = powersgd_fraction(load_workload(cfg.run).build_model(0), options["powersgd_rank"])
-        bf16 = step_rate(measured, split, 1.0, 2, median, strategy.overlap) / alone
+        bf16 = step_rate(measured, split, 1.0, 2, median, overlap) / alone
         powersgd = step_rate(measured, split, fraction, 4, median) / alone
         return f"bfloat16 wire: {bf16:.2f}x; PowerSGD rank {options['powersgd_rank']}: {powersgd:.2f}x"
     return ""
+
+
+def shares_cores(measured: Measured, synchronous: bool) -> bool:
+    """Whether the workers slowed each other computing together: one box's cores, not two machines'.
+    There moving the model takes the cores backward runs on (gloo's all-reduce, a server's sums and
+    sends), so no transfer hides behind backward: on the stand-in pair, 4-7 ms a step that the
+    overlap would have hidden, the whole of what the rows measured beyond compute."""
+    return max(a.sharing(synchronous) for a in measured.alone) >= SHARED_CORES
 
 
 def sharing_note(strategy, measured: Measured) -> str:
@@ -365,6 +388,11 @@ def worth_racing(rows: list[RowPlan], n: int = 2) -> list[RowPlan]:
     return list(best.values())[:n]
 
 
+def to_race(rows: list[RowPlan]) -> list[RowPlan]:
+    """The rows a race confirms the plan by: those worth racing, else the one closest to paying."""
+    return worth_racing(rows) or ([max(rows, key=lambda r: r.vs_alone[1])] if rows else [])
+
+
 def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:
     batch = cfg.run.batch_size
     best, alone = best_alone(measured, batch)
@@ -396,12 +424,12 @@ def markdown(cfg: Config, measured: Measured, rows: list[RowPlan]) -> str:
     body.insert(0, [f"single ({best.name})", str(batch), f"{step_ms:.0f} + 0", f"{alone[1]:,.0f}", "1.00x", "", ""])
     headers = ["row", "split", "ms a step: compute + link", "samples/s", "vs best alone", "verdict", "what changes it"]
     lines += [tabulate(body, headers=headers, tablefmt="github", disable_numparse=True), ""]
-    race = worth_racing(rows)
-    if race:
+    race = to_race(rows)
+    if race and worth_racing(rows):
         names = ", ".join(["single", *dict.fromkeys(r.strategy for r in race)])
         lines.append(f'Worth racing: {", ".join(r.label for r in race)} (`--set "strategies=[{names}]"`).')
-    elif rows:
-        closest = max(rows, key=lambda r: r.vs_alone[1])
+    elif race:
+        closest = race[0]
         lines.append(
             f"No row is predicted to beat {best.name} alone: train there. The closest, to confirm it by a "
             f'race: {closest.label} (`--set "strategies=[single, {closest.strategy}]"`).'

@@ -1,5 +1,7 @@
-"""One `hetbench run`: every planned row (scenarios.py), each through the training loop (training.py),
-then the gloo floor; records and tables as it goes (results/).
+"""One `hetbench run`: the plan's measurement (plan.check: each worker alone and the floors, as
+`hetbench plan` makes it), every planned row (scenarios.py; with plan.race worth, those the plan
+names) through the training loop (training.py), the floors where the plan did not measure them;
+records and tables as it goes (results/).
 
 With repeats, the run goes in passes: repeat r of every row before repeat r + 1 of any, in the
 planned order and then reversed (A B C, C B A, A B ...), so that no row always runs on the hottest
@@ -19,7 +21,7 @@ from hetbench.cluster.ray_connection import connect, ray_kept_for_the_run
 from hetbench.config import Config, WorkerConfig, from_dict
 from hetbench.errors import RunFailed, UserError
 from hetbench.floor import FLOOR_NAME, FLOORS, measure_floor
-from hetbench.plan import Alone, Measured, predict, predict_row, second_batch
+from hetbench.plan import Alone, Measured, RowPlan, predict, predict_row, second_batch, to_race
 from hetbench.plan import markdown as plan_markdown
 from hetbench.progress import Progress
 from hetbench.results.checkpoints import RunCheckpoints, from_saved, to_saved
@@ -27,7 +29,7 @@ from hetbench.results.output import RunOutput, reopened
 from hetbench.results.record import FloorPath, FloorRecord, Planned, Record, Reference, RowRecord, from_json
 from hetbench.results.records import RecordFile, environment, redacted
 from hetbench.results.report import alone, markdown
-from hetbench.results.rows import base_row, bracketed, failed_row, strategy_row
+from hetbench.results.rows import base_row, bracketed, failed_row, predicted_row, strategy_row
 from hetbench.scenarios import Scenario, faults_for, planned, reference_first, skipped_features, wants_standalone
 from hetbench.standalone import Brackets, measure_alone_and_together, measure_standalone, speeds
 from hetbench.strategies import registry
@@ -230,15 +232,46 @@ def plan_timings(on: Config, room_s: float | None = None) -> tuple[dict[str, lis
     return timed.large, alone, cut
 
 
+@dataclass(frozen=True)
+class Planning:
+    """What a plan predicts from, as measured at the start of `hetbench plan` or `hetbench run`:
+    each worker alone (samples/s at the global batch, as `auto` splits by them; and as plan.Alone),
+    the gradients' ready times, the floors' records, and what the budget cut."""
+
+    rates: dict[str, list[float]]
+    alone: tuple[Alone, ...]
+    ready: tuple[tuple[float, int], ...]
+    floors: list[FloorRecord]
+    cut: str = ""
+    seconds: float = 0.0
+
+    def measured(self, cfg: Config, model_bytes: int) -> Measured:
+        return measured_by(cfg, (self.alone, self.ready), self.floors, model_bytes, self.seconds, self.cut)
+
+
+def measure_plan(on: Config, ready: tuple, env: dict) -> Planning:
+    """The plan's measurement on the race's cluster (its processes started): each worker timed alone
+    at two batches and together (plan.steps steps each), then the floors from the reference's node,
+    within plan.seconds where it can be. `hetbench plan` and `hetbench run` both start with it."""
+    started, budget = now(), on.plan.seconds
+    timing = replace(on, run=replace(on.run, standalone_steps=on.plan.steps))
+    rates, alone, cut = plan_timings(timing, budget)
+    first, _ = reference_first(on, speeds(rates))
+    if now() - started > budget * 3 / 4:  # the floors cut to the fewest transfers that still say much
+        first = replace(first, floor=replace(first.floor, iterations=min(first.floor.iterations, 5)))
+        cut = "; ".join(filter(None, [cut, f"the floors to {first.floor.iterations} transfers each"]))
+    floors = run_floors(first, env)
+    return Planning(rates, alone, ready, floors, cut, now() - started)
+
+
 def plan(cfg: Config) -> str:
-    """`hetbench plan`: the race's cluster and processes started as `run` starts them, each worker timed
-    alone at two batches and the floors measured (within plan.seconds where it can be), then every
-    row predicted (plan.py); Markdown."""
+    """`hetbench plan`: the race's cluster and processes started as `run` starts them, then the plan's
+    measurement (measure_plan) and every row predicted (plan.py); Markdown."""
     if len(cfg.workers) < 2:
         raise UserError("hetbench plan compares machines: give the config two workers or more")
     workload = load_workload(cfg.run)
     workload.preflight(cfg.run)
-    started, budget = now(), cfg.plan.seconds
+    started = now()
     ready = workload.gradients_ready(cfg.run)  # on this CPU, before the cluster competes for it
     with (
         cluster_for_run(cfg.cluster, cfg.workers, cfg.link) as (joined, _, cluster),
@@ -247,19 +280,21 @@ def plan(cfg: Config) -> str:
         workers = wait_for_workers(joined, cfg.workers, cluster and cluster.check_alive)
         on = replace(cfg, cluster=joined, workers=workers)
         open_ray(on)
-        on = replace(on, run=replace(on.run, standalone_steps=cfg.plan.steps))
-        rates, alone, cut = plan_timings(on, budget - (now() - started))
-        floor = on.floor
-        if now() - started > budget * 3 / 4:  # the floors cut to the fewest transfers that still say much
-            floor = replace(floor, iterations=min(floor.iterations, 5))
-            cut = "; ".join(filter(None, [cut, f"the floors to {floor.iterations} transfers each"]))
-        first, _ = reference_first(on, speeds(rates))
-        allreduce, roundtrip = measure_floor(floor, first.cluster, first.workers, cfg.link, workload.parameters)
-    seconds = now() - started
-    floors = allreduce.get("allreduce_s"), roundtrip.get("roundtrip_s")
-    beside = beside_server(cfg.workers, FloorPath(**roundtrip["path"]))
-    measured = Measured(alone, *floors, workload.parameters * 4, ready=ready, beside_server=beside)
-    return plan_markdown(cfg, replace(measured, seconds=seconds, cut=cut), predict(cfg, measured))
+        planning = measure_plan(on, ready, environment())
+    measured = replace(planning.measured(cfg, workload.parameters * 4), seconds=now() - started)
+    return plan_markdown(cfg, measured, predict(cfg, measured))
+
+
+def measured_by(
+    cfg: Config, planning: tuple, floors: list[FloorRecord], model_bytes: int, seconds: float = 0.0, cut: str = ""
+) -> Measured:
+    """plan.Measured from `planning` (the alone timings, the gradients' ready times) and the floors' records."""
+    timed_alone, ready = planning
+    allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
+    beside = beside_server(cfg.workers, floors[1].path)
+    return Measured(
+        tuple(timed_alone), allreduce, roundtrip, model_bytes, seconds, cut, ready=ready, beside_server=beside
+    )
 
 
 def beside_server(workers: tuple[WorkerConfig, ...], path: FloorPath | None) -> frozenset[str]:
@@ -291,14 +326,8 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     over the start's, moved the prediction further off than the hour did in two races of three
     (shapes-local at 3450b2b: -25..-13% at the row's speeds, -5..+7% at the start's; hetero-local at
     c78365f: 0..+38% and -5..+30%)."""
-    timed_alone, ready = planning
-    allreduce, roundtrip = (f.seconds if f.status == "ok" else None for f in floors)
-    beside = beside_server(cfg.workers, floors[1].path)
-    measured = Measured(timed_alone, allreduce, roundtrip, floors[0].bytes or 0, ready=ready, beside_server=beside)
-    names = [a.name for a in timed_alone]  # the configured workers, in order
-    # timed once, at the run's start: a synchronous row's workers in lockstep, an asynchronous one's at their own pace
-    sharing = {sync: {a.name: a.sharing(sync) for a in timed_alone if a.free_s} for sync in (True, False)}
-    started = {a.name: [median(s) for s in (a.large_s, a.small_s) if s] for a in timed_alone}
+    measured = measured_by(cfg, planning, floors, floors[0].bytes or 0)
+    names = [a.name for a in measured.alone]  # the configured workers, in order
     for record in records:
         if not isinstance(record, RowRecord) or not record.trained or record.balance is None:
             continue
@@ -310,19 +339,28 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
         rows = predicted_per_repeat(cfg, measured, record, shares)
         if not all(rows):
             continue
-        sync = rows[0].synchronous
-        planned = Planned(
-            median([row.samples_per_s[1] for row in rows]),
-            min(row.samples_per_s[0] for row in rows),
-            max(row.samples_per_s[2] for row in rows),
-            median([row.compute_s for row in rows]) if sync else None,
-            sharing=sharing[sync],
-            lockstep=sync,
-            worker_compute_s={name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)},
-            timed_alone_s=started,
-            at_row_samples_per_s=samples_per_s_at_row(cfg, measured, record, shares),
-        )
+        planned = planned_of(rows, measured.alone, samples_per_s_at_row(cfg, measured, record, shares))
         yield record, replace(record, plan=planned)
+
+
+def planned_of(rows: list[RowPlan], timed_alone: tuple[Alone, ...], at_row: float | None = None) -> Planned:
+    """A record's plan from its row's predictions (one a split it ended a repeat at): their medians
+    and range, against the best alone as `hetbench plan` says it (vs_alone), and what they ran
+    through, timed once at the run's start: a synchronous row's workers in lockstep, an asynchronous
+    one's at their own pace."""
+    sync, names = rows[0].synchronous, [a.name for a in timed_alone]
+    return Planned(
+        median([row.samples_per_s[1] for row in rows]),
+        min(row.samples_per_s[0] for row in rows),
+        max(row.samples_per_s[2] for row in rows),
+        median([row.compute_s for row in rows]) if sync else None,
+        sharing={a.name: a.sharing(sync) for a in timed_alone if a.free_s},
+        lockstep=sync,
+        worker_compute_s={name: median([row.shares_s[i] for row in rows]) for i, name in enumerate(names)},
+        timed_alone_s={a.name: [median(s) for s in (a.large_s, a.small_s) if s] for a in timed_alone},
+        at_row_samples_per_s=at_row,
+        vs_alone=median([row.vs_alone[1] for row in rows]),
+    )
 
 
 def samples_per_s_at_row(cfg: Config, measured: Measured, record: RowRecord, shares: list[tuple]) -> float | None:
@@ -337,8 +375,9 @@ def samples_per_s_at_row(cfg: Config, measured: Measured, record: RowRecord, sha
 
 
 def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None = None) -> RecordFile:
-    """Run every planned row, then the floor; a failed row is recorded with its reason and the run goes
-    on (RunFailed at the end says so). Interrupted or refused, the records so far are kept.
+    """The plan's measurement, then every planned row it races (the others recorded as predicted),
+    then the floors if the plan did not measure them; a failed row is recorded with its reason and
+    the run goes on (RunFailed at the end says so). Interrupted or refused, the records so far are kept.
 
     `resumed`: an interrupted run's records; what they hold is not run again.
     """
@@ -362,16 +401,23 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
             cluster_cfg = replace(cfg, cluster=joined, workers=workers)
             ray_startup_s = open_ray(cluster_cfg)
             brackets = Brackets(cluster_cfg.job(), wants_standalone(cluster_cfg))
-            planning = None  # the plan's alone timings (plan.check), made in this process
+            planning = None  # the plan's measurement (plan.check), made at the start as `hetbench plan` makes it
             if standalone is None and brackets.enabled:  # auto's split (a resumed run splits as this one did)
-                if cfg.plan.check:
-                    rates, timed_alone, _ = plan_timings(cluster_cfg)
-                    planning = timed_alone, workload.gradients_ready(cfg.run)
+                if cfg.plan.check and cfg.floor.enabled:
+                    planning = measure_plan(cluster_cfg, workload.gradients_ready(cfg.run), env)
+                    rates = planning.rates
                 else:
                     rates = measure_standalone(cluster_cfg.job())
                 standalone = speeds(rates)
-                out.save_run(cfg.as_dict(), standalone)
             rows = [RowRun.planned(s, cluster_cfg, standalone, env, out) for s in planned(cluster_cfg)]
+            if planning:
+                record_floors(planning.floors, out)
+                measured = planning.measured(cluster_cfg, workload.parameters * 4)
+                predicted = predict(cluster_cfg, measured)
+                out.write_plan(plan_markdown(cluster_cfg, measured, predicted))
+                if cfg.plan.race == "worth":
+                    record_unraced(rows, predicted, measured.alone, out, cfg.run.repeats)
+            out.save_run(cfg.as_dict(), standalone)
             for row in rows:
                 if row.finished:
                     log.info("%s: recorded before the run was interrupted, not run again", row.scenario.label)
@@ -410,18 +456,39 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                         log.info("skipped %s: %s", row.scenario.label, record.reason)
             if line := alone(out.records).strip():
                 log.info(line)
-            if cfg.floor.enabled and not record_of(out.records, Scenario(FLOOR_NAME, None)):
-                floors = run_floors(reference_first(cluster_cfg, standalone)[0], env)  # from the reference's node
-                for record in floors:
-                    out.add(record)
-                for record, predicted in planned_rows(cluster_cfg, planning, floors, out.records) if planning else ():
-                    out.add(predicted, replacing=record)
+            if cfg.floor.enabled and not planning and not record_of(out.records, Scenario(FLOOR_NAME, None)):
+                record_floors(run_floors(reference_first(cluster_cfg, standalone)[0], env), out)  # the reference's node
+            if planning:  # each row raced beside what the plan said of it
+                timed = (planning.alone, planning.ready)
+                for record, checked in planned_rows(cluster_cfg, timed, planning.floors, out.records):
+                    out.add(checked, replacing=record)
     finally:
         out.close()
     print(markdown(out.records))
     if failed:  # the tables and the verdict hold the rows that finished; the exit status says the rest
         raise RunFailed(failed[0] if len(failed) == 1 else f"{len(failed)} rows failed, the first: {failed[0]}")
     return out.file
+
+
+def record_floors(floors: list[FloorRecord], out: RunOutput) -> None:
+    """The floors' records, in place of any an interrupted run recorded."""
+    kept = {r.strategy: r for r in out.records if isinstance(r, FloorRecord)}
+    for record in floors:
+        out.add(record, replacing=kept.get(record.strategy))
+
+
+def record_unraced(rows: list[RowRun], predicted: list[RowPlan], alone: tuple[Alone, ...], out, repeats: int) -> None:
+    """plan.race worth: every row but the baseline and those the plan names to race (plan.to_race)
+    recorded as predicted, not raced. A row the plan cannot predict (its floor failed) is raced."""
+    raced = {(r.strategy, r.balance) for r in to_race(predicted)}
+    plans = {(r.strategy, r.balance): r for r in predicted}
+    for row in rows:
+        key = (row.scenario.strategy, row.scenario.balance)
+        if row.finished or row.repeats or key in raced or key not in plans:
+            continue
+        plan, names = plans[key], [a.name for a in alone]  # its split in the configured workers' order
+        record = predicted_row(row.base, dict(zip(names, plan.split)), plan.verdict, planned_of([plan], alone))
+        row.write(record, out, repeats)
 
 
 def ramps_started(workers: tuple[WorkerConfig, ...]) -> tuple[WorkerConfig, ...]:

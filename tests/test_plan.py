@@ -16,12 +16,14 @@ from hetbench.plan import (
     Measured,
     async_rate,
     buckets,
+    lockstep_wait,
     markdown,
     overlapped_s,
     predict,
     predict_row,
     second_batch,
     step_rate,
+    to_race,
     worth_racing,
 )
 from hetbench.results.record import FloorPath, from_json
@@ -101,6 +103,19 @@ def test_a_row_s_workers_compute_as_much_slower_as_timed_beside_each_other(tmp_p
     split = list(rows["ray-ps-async [auto]"].split)
     expected = predict_row(cfg, at_own_pace, "ray-ps-async", "auto", split).samples_per_s
     assert rows["ray-ps-async [auto]"].samples_per_s == pytest.approx(expected)
+
+
+def test_a_step_in_lockstep_waits_for_whichever_worker_is_slowest_in_it(tmp_path):
+    # two workers slow by turns: each one's median step says 100 ms, yet four steps of five wait 130
+    a = Alone("a", 32, 64, (0.1,) * 3, (0.2,) * 3, lockstep_s=(0.1, 0.13, 0.1, 0.1, 0.13))
+    b = Alone("b", 32, 64, (0.1,) * 3, (0.2,) * 3, lockstep_s=(0.13, 0.1, 0.1, 0.13, 0.1))
+    assert lockstep_wait((a, b)) == pytest.approx(1.3)
+    assert lockstep_wait((a,)) == 1.0 and lockstep_wait((replace(a, lockstep_s=()), b)) == 1.0
+    measured = Measured((a, b), 0.0, 0.0, 4)
+    synchronous = measured.in_a_row(True)
+    assert synchronous.waits == pytest.approx(1.3) and measured.in_a_row(False).waits == 1.0
+    # the synchronous step: its slowest share stretched by its sharing (1.3 / 1.0), then by the wait
+    assert step_rate(synchronous, [32, 32], 1.0, 4, median) == pytest.approx(64 / (0.1 * 1.0 * 1.3))
 
 
 def test_the_second_batch_is_the_equal_split_s_share():
@@ -270,6 +285,8 @@ def test_the_verdict_says_which_pays_and_why_one_does_not(tmp_path):
     assert slow_link["ray-ps [auto]"].verdict.startswith("will not pay: the 2 transfers of 4.8 MB take 2000 ms")
     assert slow_link["ray-ps-async [auto]"].verdict.startswith("will not pay: each step waits 1000 ms for the 4.8 MB")
     assert worth_racing(list(slow_link.values())) == []
+    # none worth racing: the race confirms the plan by the closest
+    assert to_race(list(slow_link.values())) == [max(slow_link.values(), key=lambda r: r.vs_alone[1])]
 
 
 def test_what_would_turn_a_row_around(tmp_path):
@@ -340,37 +357,50 @@ def test_plan_refuses_bad_settings_in_one_sentence(cli):
 
     result = cli("plan", "-c", "benchmarks/configs/quick.yaml", "--set", "plan.seconds=0")
     assert_one_line_error(result, "'plan.seconds' and 'plan.steps' must be positive")
+    result = cli("run", "-c", "benchmarks/configs/quick.yaml", *sets("plan.race=worth", "plan.check=false"))
+    assert_one_line_error(result, "plan.race worth races the rows the run's plan names: set plan.check true")
 
 
-def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_path, shared_cluster):
+def race_on_the_pair(cli, tmp_path, shared_cluster, *settings: str) -> tuple:
+    """A short race of the desk and the 3x slower mac on the session's cluster: its output and records."""
     import json
 
     workers = "workers=[{name: desk, node: desktop}, {name: mac, node: mac, slowdown: 3.0}]"
-    settings = ["strategies=[single, torch-ddp, ray-ps]", workers, "batch_size=64", "balance=[auto]"]
-    settings += ["steps=4", "warmup_steps=1", "repeats=1", "standalone_steps=2", "floor.iterations=3"]
-    settings += ["eval_every=100", "fine_eval_every=0", "download=false", "test_samples=300", "eval_samples=300"]
+    settings = [*settings, workers, "batch_size=64", "steps=4", "warmup_steps=1", "repeats=1", "standalone_steps=2"]
+    settings += ["floor.iterations=3", "eval_every=100", "fine_eval_every=0", "download=false", "test_samples=300"]
     result = cli(
         "run",
         "-c",
         "benchmarks/configs/quick.yaml",
-        *sets(*settings, *shared_cluster.overrides),
+        *sets(*settings, "eval_samples=300", *shared_cluster.overrides),
         "--results-dir",
         str(tmp_path),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (raw,) = (tmp_path / "raw").glob("*-quick-*.json")
-    records = {r["strategy"]: r for r in json.loads(raw.read_text())}
+    return result, json.loads(raw.read_text())
+
+
+def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_path, shared_cluster):
+    strategies = "strategies=[single, torch-ddp, ray-ps]"
+    result, raw = race_on_the_pair(cli, tmp_path, shared_cluster, strategies, "balance=[auto]")
+    records = {r["strategy"]: r for r in raw}
     assert records["single"].get("plan") is None  # the baseline is the plan's best alone, not a prediction
     for name in ("torch-ddp", "ray-ps"):
         plan = records[name]["plan"]
         assert 0 < plan["low"] <= plan["samples_per_s"] <= plan["high"]
     ddp = next(line for line in result.stdout.splitlines() if line.startswith("| torch-ddp"))
-    single = records["single"]["samples_per_s"]
-    assert f"({records['torch-ddp']['plan']['samples_per_s'] / single:.2f}x)" in ddp  # beside vs baseline
+    # beside vs baseline, the plan's own ratio: over its own best alone, as `hetbench plan` prints it
+    assert f"({records['torch-ddp']['plan']['vs_alone']:.2f}x)" in ddp
+    # the plan the run made at its start, as `hetbench plan` writes it (at auto's first split: the record's
+    # is at the split each repeat ended at, re-split after its warm-up)
+    planned = (tmp_path / "quick-plan.md").read_text()
+    assert re.search(r"^\| torch-ddp \[auto\] +\| \d+/\d+ .*\| \d+\.\d\dx \(", planned, re.M)
     assert records["torch-ddp"]["plan"]["compute_s"] > 0  # its step's compute, apart from the link
     plan = records["torch-ddp"]["plan"]
     assert set(plan["sharing"]) == {"desk", "mac"} and plan["lockstep"]  # timed in lockstep at the start
-    assert max(plan["worker_compute_s"].values()) == pytest.approx(plan["compute_s"])  # each worker's, the slowest's
+    # each worker's; the step's is the slowest's and its wait for whichever is slowest in each step
+    assert max(plan["worker_compute_s"].values()) <= plan["compute_s"] * (1 + 1e-9)
     # the line each worker's prediction ran through: its step alone at 64 and at 32, as timed at the start
     assert {name: len(steps) for name, steps in plan["timed_alone_s"].items()} == {"desk": 2, "mac": 2}
     assert all(large > small > 0 for large, small in plan["timed_alone_s"].values())
@@ -387,3 +417,26 @@ def test_a_race_records_the_plan_of_each_row_beside_what_it_measured(cli, tmp_pa
         r"torch-ddp \[auto\] [+-]\d+% or [+-]\d+% at the row's speeds \(desk \d+/\d+, mac \d+/\d+; rest -?\d+/\d+\)",
         said[1],
     )
+
+
+def test_a_race_of_the_rows_worth_racing_records_the_others_as_predicted(cli, tmp_path, shared_cluster):
+    strategies = "strategies=[single, torch-ddp, ray-ps, dask-sync]"
+    result, raw = race_on_the_pair(cli, tmp_path, shared_cluster, strategies, "plan.race=worth")
+    records = [r for r in raw if r["strategy"] not in ("gloo-floor", "ps-floor")]
+    labels = {f"{r['strategy']} [{r['balance']}]": r for r in records if r["strategy"] != "single"}
+    # the plan made at the start names the rows to race (or the closest, where none is worth it) ...
+    planned = (tmp_path / "quick-plan.md").read_text()
+    said = re.search(r"^(?:Worth racing: (.*?)|No row .*? to confirm it by a race: (.*?)) \(`", planned, re.M)
+    named = set((said[1] or said[2]).split(", "))
+    # ... and only those race, beside single; every other row is in the records and the table as predicted
+    assert {label for label, r in labels.items() if r["status"] == "ok"} == named
+    assert [r["status"] for r in records if r["strategy"] == "single"] == ["ok"]
+    unraced = {label: r for label, r in labels.items() if r["status"] == "predicted"}
+    assert unraced and set(unraced) | named == {"torch-ddp [equal]", "ray-ps [equal]", "dask-sync [equal]"}
+    table = {line.split("|")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("| ")}
+    for r in unraced.values():
+        assert r["plan"]["vs_alone"] > 0 and not r.get("samples_per_s")
+        line = table[r["strategy"]]  # one balance: a strategy's one row
+        assert f" - ({r['plan']['vs_alone']:.2f}x) " in line and f"| predicted: {r['reason']}" in line
+    assert re.search(r"^  Predicted, not raced: .*\d\.\d\dx \(", result.stdout, re.M)
+    assert re.search(r"^  The plan at the start, against the race: .*\d\.\d\dx \([+-]\d+%\)", result.stdout, re.M)

@@ -114,7 +114,10 @@ def _cv(row: Row):
 
 
 def _plan_vs_baseline(row: Row) -> float | None:
+    """The plan's own ratio, over its own best alone; in older records, over the measured single row."""
     plan, base = row.ran and row.ran.plan, row.baseline and row.baseline.samples_per_s
+    if plan and plan.vs_alone:
+        return plan.vs_alone
     return plan.samples_per_s / base if plan and base else None
 
 
@@ -161,9 +164,10 @@ def columns(workers: Callable[[Record], str], balance: Callable[[Record], str | 
             "plan",
             _plan_vs_baseline,
             "ratio",
-            legend="what `hetbench plan` predicted for the row, over the same single row: from this run's own "
-            "timings of each worker alone (at the global batch and a smaller one) and its floors, "
-            "at the strategy's floor (plan.check)",
+            legend="what `hetbench plan` predicted for the row over the best machine alone, from this run's "
+            "own measurement at its start: each worker alone (at the global batch and a smaller one) and the "
+            "floors, the strategy at its floor (plan.check); a row not raced (plan.race worth) has this only; "
+            "in records without plan.vs_alone, over the single row",
         ),
         Column(
             "plan samples/s",

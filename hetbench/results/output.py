@@ -9,7 +9,7 @@ from pathlib import Path
 from hetbench.config import RunConfig
 from hetbench.results.checkpoints import RunCheckpoints
 from hetbench.results.record import Record
-from hetbench.results.records import RecordFile
+from hetbench.results.records import RecordFile, atomic_write
 from hetbench.results.report import write_tables
 
 
@@ -29,6 +29,11 @@ class RunOutput:
         self.file.add(record, replacing)
         if self.checkpoints and key:
             self.checkpoints.remove(key)
+
+    def write_plan(self, text: str) -> None:
+        """The plan the run made at its start, as `hetbench plan` writes it: NAME-plan.md."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        atomic_write(self.root / f"{self.name}-plan.md", text)
 
     def save_run(self, config: dict, standalone: dict | None) -> None:
         """The config (and the speeds `auto` split by) a resumed run goes on with; only with checkpoints."""

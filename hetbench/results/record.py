@@ -206,6 +206,8 @@ class Planned:
     at_row_samples_per_s: float | None = None  # the same prediction with each worker's timings rescaled to
     # its speed alone around the row (its brackets), which follows the hour but carries the noise of the
     # start's timing and of the brackets'. None: the row was not bracketed, or an older record
+    vs_alone: float | None = None  # samples_per_s over the best worker alone as the same timings predict it:
+    # the ratio `hetbench plan` prints, beside the measured row over the measured single row. None: older
 
 
 @dataclass(frozen=True)

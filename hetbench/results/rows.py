@@ -12,7 +12,7 @@ from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.gradients import WIRE_DTYPES
 from hetbench.metric import ACCURACY, Metric
-from hetbench.results.record import AloneTimings, Env, RowRecord, Settings, Step, Worker
+from hetbench.results.record import AloneTimings, Env, Planned, RowRecord, Settings, Step, Worker
 from hetbench.results.records import redacted
 from hetbench.standalone import speeds
 from hetbench.step_timing import StepTiming
@@ -32,6 +32,14 @@ def base_row(name: str, config: dict, fields: dict, env: dict, workload: Workloa
 
 def failed_row(base: RowRecord, reason: str) -> RowRecord:
     return replace(base, status="failed", reason=reason)
+
+
+def predicted_row(base: RowRecord, batches: dict[str, int], verdict: str, planned: Planned) -> RowRecord:
+    """A row the run did not race (plan.race worth): the split the plan predicted it at (worker name
+    -> batch), its words, its prediction."""
+    workers = [Worker(name=name, batch=batch) for name, batch in batches.items()]
+    split = list(batches.values())
+    return replace(base, status="predicted", reason=verdict, split=split, workers=workers, plan=planned)
 
 
 def strategy_row(

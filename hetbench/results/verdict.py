@@ -119,11 +119,32 @@ def verdict(records: list[Record]) -> list[str]:
             continue
         why = _also(c, chosen, by_time, floor) if any(c is p for p in paying) else _why_not(c, floor, alone)
         lines.append(f"  {label(c.record)}: {why}{_drifted(c.record)}")
+    lines += plan_lines(records, compared)
     if base.workload and not base.workload.exact:
         lines.append(
             f"  Not exact ({base.workload.name}): {base.workload.inexact}; compared by repeats, not paired by seed."
         )
     return lines
+
+
+def plan_lines(records: list[Record], compared: list[Comparison]) -> list[str]:
+    """The plan beside the race: each raced row's ratio as the plan at the run's start predicted it,
+    against the measured (its error); the rows predicted only (plan.race worth), as predicted."""
+    lines = []
+    checked = [c for c in compared if c.record.plan and c.record.plan.vs_alone]
+    if checked:
+        each = [f"{label(c.record)} {c.record.plan.vs_alone:.2f}x ({plan_error(c):+.0%})" for c in checked]
+        lines.append(f"  The plan at the start, against the race: {', '.join(each)}.")
+    unraced = [r for r in records if isinstance(r, RowRecord) and r.status == "predicted" and r.plan]
+    if unraced:
+        each = [f"{label(r)} {r.plan.vs_alone:.2f}x ({r.reason.split(':')[0]})" for r in unraced]
+        lines.append(f"  Predicted, not raced: {', '.join(each)}.")
+    return lines
+
+
+def plan_error(c: Comparison) -> float:
+    """How far the plan's ratio of a raced row is off its measured ratio (+: the plan said faster)."""
+    return c.record.plan.vs_alone / c.ratio - 1
 
 
 def _drifted(record: RowRecord | None) -> str:
