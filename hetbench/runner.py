@@ -437,10 +437,14 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                         # a judged row's scaling is against its brackets, computed once they are timed
                         alone_speeds = None if judged else standalone
                         record = run_repeat(row, r, evaluate, alone_speeds, out.checkpoints, cluster, where)
-                    except RunFailed as e:  # one failed row: recorded with its reason, and the run goes on
-                        row.write(failed_row(row.base, str(e)), out, cfg.run.repeats)
-                        failed.append(str(e))
-                        log.warning("%s failed: %s; going on with the next row", row.scenario.label, e)
+                    except UserError:  # bad input fails every row alike: one sentence, exit 2
+                        raise
+                    except Exception as e:  # noqa: BLE001 (whatever a row raises, it is one failed row)
+                        reason = str(e) if isinstance(e, RunFailed) else failure(row.scenario.strategy, e)
+                        row.write(failed_row(row.base, reason), out, cfg.run.repeats)
+                        failed.append(reason)
+                        log.warning("%s failed: %s; going on with the next row", row.scenario.label, reason)
+                        log.debug("%s's failure", row.scenario.label, exc_info=True)
                         continue
                     if judged and record.status == "ok":
                         record = bracketed(record, *row.timed_alone(*brackets.after()))
@@ -489,6 +493,15 @@ def record_unraced(rows: list[RowRun], predicted: list[RowPlan], alone: tuple[Al
         plan, names = plans[key], [a.name for a in alone]  # its split in the configured workers' order
         record = predicted_row(row.base, dict(zip(names, plan.split)), plan.verdict, planned_of([plan], alone))
         row.write(record, out, repeats)
+
+
+def failure(strategy: str, e: BaseException) -> str:
+    """What a row raised beyond its strategy's own sentences (RunFailed), as one: its kind and the
+    first line of its message (a Ray task's: the exception the task raised)."""
+    cause = getattr(e, "cause", None)  # ray.exceptions.RayTaskError's
+    e = cause if isinstance(cause, BaseException) else e
+    first = next((line.strip() for line in str(e).splitlines() if line.strip()), "")
+    return f"{strategy} raised {type(e).__name__}" + (f": {first}" if first else "")
 
 
 def ramps_started(workers: tuple[WorkerConfig, ...]) -> tuple[WorkerConfig, ...]:

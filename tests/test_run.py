@@ -164,6 +164,24 @@ def test_unavailable_strategy_is_skipped_not_crashed(tmp_path, monkeypatch, capl
     assert "skipped ray-ps" in caplog.text
 
 
+def test_a_row_that_raises_anything_is_one_failed_row_and_the_rows_after_it_run(tmp_path, monkeypatch, shared_cluster):
+    import sys
+
+    from hetbench.errors import RunFailed
+
+    # Ray Train not importable (as where ray[train] is not installed): ray-train's start() raises ImportError
+    monkeypatch.setitem(sys.modules, "ray.train", None)
+    strategies = "strategies=[single, ray-train, ray-ps]"
+    cfg = small_config(tmp_path, strategies, "steps=2", "repeats=1", "floor.enabled=false", *shared_cluster.overrides)
+    with pytest.raises(RunFailed, match=r"^ray-train raised ModuleNotFoundError: import of ray.train halted"):
+        run(cfg)  # the tables printed, then the exit status says a row failed
+    records = json.loads(next((tmp_path / "results" / "raw").glob("*.json")).read_text())
+    statuses = [(r["strategy"], r["status"]) for r in records]
+    assert statuses == [("single", "ok"), ("ray-train", "failed"), ("ray-ps", "ok")]
+    assert records[1]["reason"].startswith("ray-train raised ModuleNotFoundError: ")
+    assert "\n" not in records[1]["reason"]  # one line in the table
+
+
 def test_a_sigterm_python_swallowed_still_stops_the_run_at_the_next_step(tmp_path, monkeypatch, capsys, shared_cluster):
     import gc
     import signal
