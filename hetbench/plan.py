@@ -14,7 +14,6 @@ runs, so each prediction is its pattern at the floor: the race's rows record how
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -24,6 +23,7 @@ from hetbench.clock import median
 from hetbench.config import Config
 from hetbench.gradients import WIRE_DTYPES, powersgd_fraction
 from hetbench.scenarios import balanced, planned
+from hetbench.step_rate import in_float32, samples_per_s, smallest_sync_every
 from hetbench.strategies import registry
 from hetbench.workload import load_workload
 
@@ -187,7 +187,7 @@ def slowest_s(measured: Measured, split: list[int], pick=median) -> float:
 def link_s(measured: Measured, transfers: float, width: int) -> float:
     """A step's time on the link at the floor: `transfers` all-reduces of the model, in a wire dtype of
     `width` bytes."""
-    return transfers * width / 4 * (measured.allreduce_s or 0.0)
+    return in_float32(transfers, width) * (measured.allreduce_s or 0.0)
 
 
 FIRST_BUCKET, BUCKET = 1 << 20, 25 << 20  # DDP's: its first bucket closes past 1 MiB, the others past 25
@@ -231,7 +231,7 @@ def async_rate(measured: Measured, split: list[int], width: int, pick, max_stale
     the server after each step (none beside it). While the slowest makes one update the others may
     start at most `max_staleness` versions past it, so they make at most max_staleness + their number
     (each one in flight finishes): past that they wait, and run at that share of their pace."""
-    trip = (measured.roundtrip_s or 0.0) * width / 4
+    trip = in_float32(1.0, width) * (measured.roundtrip_s or 0.0)
     working = [
         (b, a.step_s(b, pick) + (0.0 if a.name in measured.beside_server else trip))
         for a, b in zip(measured.alone, split)
@@ -251,8 +251,8 @@ def step_rate(measured: Measured, split: list[int], transfers: float, width: int
     compute, link = slowest_s(measured, split, pick), link_s(measured, transfers, width)
     if overlap and measured.ready:  # a parameter server's two transfers are its up and down
         each = link / transfers if overlap == "parameters" else link
-        return sum(split) / overlapped_s(compute, each, measured.ready, overlap)
-    return sum(split) / (compute + link)
+        return samples_per_s(sum(split), overlapped_s(compute, each, measured.ready, overlap))
+    return samples_per_s(sum(split), compute, 1.0, link)
 
 
 def predict(cfg: Config, measured: Measured) -> list[RowPlan]:
@@ -373,8 +373,7 @@ def sync_interval_note(measured: Measured, split: list[int], alone: float, batch
     spare = batch / alone - slowest_s(measured, split)  # what a step may spend on the link and still beat alone
     if spare <= 0:
         return "no sync_every beats the best alone: its slowest share alone takes longer than the whole batch there"
-    every = max(1, math.floor(per_round / spare) + 1)
-    return f"beats the best alone from sync_every {every}"
+    return f"beats the best alone from sync_every {smallest_sync_every(per_round, spare)}"
 
 
 def worth_racing(rows: list[RowPlan], n: int = 2) -> list[RowPlan]:

@@ -18,6 +18,7 @@ from hetbench.results.record import AloneTimings, FloorRecord, Record, RowRecord
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
+from hetbench.step_rate import samples_per_s
 from hetbench.strategies.registry import BASELINE
 
 
@@ -84,7 +85,7 @@ def _predicted(record: Record, floor: FloorRecord | None) -> tuple:
     compute, batch = record.step and record.step.compute_s, record.config.batch_size
     if not compute or not batch:
         return None, None
-    predicted = batch / (compute + record.floor_transfers * floor.seconds)
+    predicted = samples_per_s(batch, compute, record.floor_transfers, floor.seconds)
     return predicted, record.samples_per_s / predicted
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
-import torch
-
 from hetbench.clock import cv, median
 from hetbench.cluster.processes import peak_rss_mb
 from hetbench.gradients import WIRE_DTYPES
@@ -15,6 +13,7 @@ from hetbench.metric import ACCURACY, Metric
 from hetbench.results.record import AloneTimings, Env, Planned, RowRecord, Settings, Step, Worker
 from hetbench.results.records import redacted
 from hetbench.standalone import speeds
+from hetbench.step_rate import in_float32
 from hetbench.step_timing import StepTiming
 from hetbench.strategies.base import Strategy
 from hetbench.strategies.registry import BASELINE
@@ -70,7 +69,7 @@ def strategy_row(
         workers=measured,
         samples_per_s=samples_per_s,
         # in float32 all-reduces of the model, as the floor times them: a narrower wire moves less
-        floor_transfers=transfers and transfers * width / torch.float32.itemsize,
+        floor_transfers=transfers and in_float32(transfers, width),
         floor=strategy.floor_name,  # the floor its sync overhead is judged against
         table_note=strategy.table_note or None,
         **scaling(strategy.name, measured, samples_per_s, standalone),

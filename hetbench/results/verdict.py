@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hetbench.clock import median, median_interval
 from hetbench.results.plots import label
 from hetbench.results.record import FloorRecord, Record, RowRecord, Step, measured_floor, megabytes
+from hetbench.step_rate import allreduce_that_pays, batch_that_pays, fewer_bytes_that_pay, smallest_sync_every
 from hetbench.strategies.registry import BASELINE
 
 ACCURACY_KEPT = 0.005  # run.accuracy_tolerance's default, for records from before the setting
@@ -211,11 +212,10 @@ def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | 
     together, one = sum(speeds), base.samples_per_s
     if together <= one * 1.001:
         return "nothing on this link or batch: the other machines add no speed even with a free link"
-    gain = 1 / one - 1 / together  # seconds per sample saved by splitting the batch, before syncing
     allreduce = floor.seconds
     batch = best.config.batch_size or base.split[0]
-    pays_at = allreduce / gain
-    needed = batch * gain
+    pays_at = batch_that_pays(allreduce, one, together)
+    needed = allreduce_that_pays(batch, one, together)
     size = megabytes(floor.bytes) if floor.bytes else "model"
     compute = ", ".join(
         f"{w.name} ({w.device or '?'}) {1000 / s:.2f} ms" for w, s in zip(best.workers, speeds, strict=True)
@@ -234,13 +234,13 @@ def _fewer_bytes(allreduce: float, needed: float, fixed: float | None) -> str:
     known where the link was emulated)."""
     if allreduce <= needed:
         return ""
-    every = math.ceil(allreduce / needed)
+    every = smallest_sync_every(allreduce, needed)
     said = f"; on this link and batch, one all-reduce every {every} steps (ray-localsgd's sync_every)"
     if fixed is None:
         return said
     if needed <= fixed:
         return f"{said}; no fewer bytes would do: this link's fixed {fixed * 1000:.0f} ms alone is more"
-    return f"{said}, or {(allreduce - fixed) / (needed - fixed):.1f}x fewer bytes (a bfloat16 wire halves them)"
+    return f"{said}, or {fewer_bytes_that_pay(allreduce, needed, fixed):.1f}x fewer bytes (a bfloat16 wire halves them)"
 
 
 def measured(records: list[Record], name: str) -> RowRecord | None:

@@ -11,6 +11,7 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.results.plots import label
 from hetbench.results.record import FloorRecord, Record, RowRecord, Step, bits_per_s, measured_floor, megabytes
 from hetbench.results.verdict import distributed, measured
+from hetbench.step_rate import samples_per_s
 from hetbench.strategies.registry import BASELINE
 
 BATCH_FACTORS = (1, 4)  # the configured global batch, and four times it
@@ -41,7 +42,7 @@ def predicted(record: RowRecord, floor: FloorRecord, batch: int, rate: float | N
     compute = max(batch * share / sum(shares) / speed for share, speed in zip(shares, speeds))
     own = max(step.sync_overhead_s - (step.wait_s or 0.0) - transfers * floor.seconds, 0.0)
     allreduce = floor.seconds if rate is None else floor_on(floor, rate)
-    return batch / (compute + transfers * allreduce + own)
+    return samples_per_s(batch, compute, transfers, allreduce, own)
 
 
 def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
