@@ -23,14 +23,13 @@ from torch import nn
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
 from hetbench.clock import median
-from hetbench.config import RunConfig
+from hetbench.config import BUILT_IN_WORKLOADS, RunConfig
 from hetbench.data import Split, check_same_data
 from hetbench.devices import autocast, loss_scale_of
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
 from hetbench.metric import ACCURACY, LOSS, Metric, for_labels
 from hetbench.optimizer import RunSchedule, ScheduledOptimizer
-from hetbench.workloads import BUILT_IN
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
 
@@ -519,17 +518,23 @@ def load_workload(run: RunConfig, announce: bool = True) -> LoadedWorkload:
     return _loaded[key]
 
 
+def built_in_module(name: str) -> str:
+    """A built-in workload's module (config.BUILT_IN_WORKLOADS names them): hetbench/workloads/, its
+    name with _ for -. Named, not imported here: those modules build on this one."""
+    return f"hetbench.workloads.{name.replace('-', '_')}"
+
+
 def _load(run: RunConfig, announce: bool) -> LoadedWorkload:
     spec = run.workload
-    if spec in BUILT_IN:
-        module = importlib.import_module(BUILT_IN[spec])
+    if spec in BUILT_IN_WORKLOADS:
+        module = importlib.import_module(built_in_module(spec))
         return LoadedWorkload(spec, module.build(run, announce), [Path(module.__file__)])
     if run.dataset != "mnist":
         raise UserError(f"dataset: {run.dataset} is MNIST's; workload {spec} brings its own data")
     module_name, _, function_name = spec.partition(":")
     if not module_name or not function_name.isidentifier():
         raise UserError(
-            f"workload {spec!r} is neither a built-in ({', '.join(BUILT_IN)}) nor a module:function, "
+            f"workload {spec!r} is neither a built-in ({', '.join(BUILT_IN_WORKLOADS)}) nor a module:function, "
             "e.g. mypkg.mymodel:build"
         )
     module = _import(spec, module_name)
