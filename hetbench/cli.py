@@ -44,7 +44,7 @@ def cmd_plan(args) -> int:
     from pathlib import Path
 
     from hetbench.config import load_config
-    from hetbench.runner import plan
+    from hetbench.planning import plan
     from hetbench.strategies import registry
 
     cfg = load_config(args.config, args.set or [], registry.declared())

@@ -1,6 +1,6 @@
 """`hetbench plan`'s arithmetic: every row of a config predicted from a short measurement.
 
-What it predicts from (runner.plan measures it on the race's own cluster, and `hetbench run` the
+What it predicts from (planning.measure_plan measures it on the race's own cluster, and `hetbench run` the
 same at its start): each worker training alone at two global batches (a step's fixed cost and its
 cost per sample, on that device) and, at the smaller, with every worker training at once, in
 lockstep and each at its own pace (what sharing one box's cores costs a row), and the two floors
@@ -118,7 +118,7 @@ class Measured:
     ready: tuple[tuple[float, int], ...] = ()  # each gradient: (the fraction of a step at which it is
     # ready, its float32 bytes), in that order (LoadedWorkload.gradients_ready); empty: not measured
     beside_server: frozenset[str] = frozenset()  # workers whose round trips to a parameter server
-    # cross no link (runner.beside_server): no ps-floor is charged to them
+    # cross no link (planning.beside_server): no ps-floor is charged to them
     waits: float = 1.0  # a synchronous step's compute over its slowest worker's (lockstep_wait); 1: alone
 
     def in_a_row(self, synchronous: bool) -> Measured:

@@ -12,7 +12,7 @@ import hetbench
 
 # Bottom to top; a module may import from its own layer or any below it.
 LAYERS = [
-    {"errors", "inputs", "identity", "cores", "devices", "clock", "progress", "step_timing"},
+    {"errors", "inputs", "identity", "cores", "devices", "clock", "progress", "step_timing", "step_rate"},
     {"gradients", "partial_step", "balance", "train_state", "optimizer"},
     {"config"},
     {"data", "metric"},
@@ -22,6 +22,9 @@ LAYERS = [
     {"scenarios"},
     {"plan"},
     {"results"},
+    {"race"},
+    {"row_run"},
+    {"planning"},
     {"runner"},
     {"cli", "__main__"},
 ]
@@ -86,7 +89,8 @@ def test_no_module_imports_itself_back_in_a_circle():
 # strategy's own settings); every other room takes the sections it needs (the cluster its
 # ClusterConfig and the workers, the data and the loop the RunConfig, the floor its FloorConfig) or
 # the config as records keep it (a dict).
-TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "scenarios", "plan"}  # plan: every row, as the runner
+# plan: every row, as the runner; race, row_run and planning: the runner's named parts
+TAKE_THE_WHOLE_CONFIG = {"config", "cli", "runner", "race", "row_run", "planning", "scenarios", "plan"}
 
 
 def test_only_the_rooms_that_run_a_row_take_the_whole_config():

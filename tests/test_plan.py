@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from helpers import sets, small_config
-from hetbench import runner
+from hetbench import planning
 from hetbench.clock import median
 from hetbench.config import WorkerConfig
 from hetbench.errors import UserError
@@ -134,7 +134,7 @@ def test_a_race_checks_each_row_against_the_plan_made_at_its_start_and_at_its_sp
     row = {"strategy": "torch-ddp", "status": "ok", "balance": "equal", "samples_per_s": 200.0, "workers": workers}
     row["standalone_timings"] = {n: {"before": [v], "after": [v]} for n, v in speeds.items()}
     cfg = config(tmp_path)
-    ((_, checked),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
+    ((_, checked),) = planning.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
     # what a plan made before the race said: the mac's share at its speed as timed at the start (the
     # split as the race split it), then the all-reduce
     assert checked.plan.samples_per_s == pytest.approx(256 / (mac.step_s(128) + 0.05))
@@ -143,7 +143,7 @@ def test_a_race_checks_each_row_against_the_plan_made_at_its_start_and_at_its_sp
     assert checked.plan.at_row_samples_per_s == pytest.approx(256 / (slower.step_s(128) + 0.05))
     assert checked.plan.at_start_samples_per_s is None  # the older records' name for the start's, beside the row's
     del row["standalone_timings"]  # not timed around the row: nothing to rescale to
-    ((_, unbracketed),) = runner.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
+    ((_, unbracketed),) = planning.planned_rows(cfg, (measured.alone, ()), floors, [from_json(row)])
     assert unbracketed.plan.samples_per_s == pytest.approx(checked.plan.samples_per_s)
     assert unbracketed.plan.at_row_samples_per_s is None
 
@@ -162,7 +162,7 @@ def test_a_row_whose_repeats_ended_at_different_splits_is_predicted_at_each(tmp_
     record = from_json(row)
     ends = [{"desk": 189, "mac": 67}, {"desk": 195, "mac": 61}, {"desk": 204, "mac": 52}]
     assert record.repeat_splits(["desk", "mac"]) == ends
-    ((_, checked),) = runner.planned_rows(config(tmp_path), (measured.alone, ()), floors, [record])
+    ((_, checked),) = planning.planned_rows(config(tmp_path), (measured.alone, ()), floors, [record])
     desk, mac = measured.alone
     each = [256 / (max(desk.step_s(d), mac.step_s(m)) + 0.05) for d, m in ((189, 67), (195, 61), (204, 52))]
     assert checked.plan.samples_per_s == pytest.approx(sorted(each)[1]) and len(set(each)) == 3
@@ -212,13 +212,13 @@ def test_an_asynchronous_worker_beside_the_server_pays_no_trip_and_waits_for_the
 def test_only_workers_on_the_servers_node_across_a_link_are_beside_it():
     workers = (WorkerConfig(name="desk", node="desktop"), WorkerConfig(name="mac", node="mac"))
     linked = FloorPath(["desk", "mac"], ["desktop", "mac"], ["10.231.0.1", "10.231.0.2"], driver_end=0)
-    assert runner.beside_server(workers, linked) == {"desk"}
-    assert runner.beside_server(workers, replace(linked, driver_end=1)) == {"mac"}
+    assert planning.beside_server(workers, linked) == {"desk"}
+    assert planning.beside_server(workers, replace(linked, driver_end=1)) == {"mac"}
     # one machine's loopback for both ends: the trip measured is every worker's
-    assert runner.beside_server(workers, replace(linked, ips=["192.0.2.2", "192.0.2.2"])) == frozenset()
+    assert planning.beside_server(workers, replace(linked, ips=["192.0.2.2", "192.0.2.2"])) == frozenset()
     assert (
-        runner.beside_server(workers, replace(linked, driver_end=None))
-        == runner.beside_server(workers, None)
+        planning.beside_server(workers, replace(linked, driver_end=None))
+        == planning.beside_server(workers, None)
         == frozenset()
     )
 
@@ -330,7 +330,7 @@ def test_a_strategy_s_own_busy_processes_are_named_where_the_workers_share_cores
 
 def test_plan_needs_two_machines(tmp_path):
     with pytest.raises(UserError, match="two workers or more"):
-        runner.plan(small_config(tmp_path))
+        planning.plan(small_config(tmp_path))
 
 
 def test_plan_measures_on_the_cluster_and_answers_in_the_race_s_words(cli, tmp_path, shared_cluster):

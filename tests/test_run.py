@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import UNEQUAL, sets, small_config
-from hetbench import runner
+from hetbench import race, row_run
 from hetbench.cluster.ray_connection import RayConnection
 from hetbench.errors import RunFailed
 from hetbench.results.rows import step_summary
@@ -83,7 +83,7 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
     opened, alive_at_row_start = [], []
     open_ray = RayConnection.__init__
     monkeypatch.setattr(RayConnection, "__init__", lambda self, *a: opened.append(a) or open_ray(self, *a))
-    run_pass = runner.run_repeat
+    run_pass = row_run.run_repeat
 
     def counting_actors(*args, **kwargs):
         alive = ray._private.state.actors(actor_state_name="ALIVE")
@@ -91,7 +91,7 @@ def test_one_ray_and_its_worker_processes_serve_the_whole_run(tmp_path, monkeypa
         alive_at_row_start.append({actor for actor, info in alive.items() if not info["Name"]})
         return run_pass(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "run_repeat", counting_actors)
+    monkeypatch.setattr(row_run, "run_repeat", counting_actors)
     cfg = small_config(
         tmp_path,
         "strategies=[single, ray-ps, ray-train]",
@@ -278,7 +278,7 @@ def test_a_ps_floor_that_cannot_connect_fails_alone_and_the_gloo_floor_stands(tm
 
     monkeypatch.setattr(floor, "measure_roundtrips", unreachable)
     cfg = small_config(tmp_path, UNEQUAL, "floor.iterations=3", *shared_cluster.overrides)
-    gloo, ps = runner.run_floors(cfg, env={})
+    gloo, ps = race.run_floors(cfg, env={}, parameters=1_199_882)
     assert (gloo.strategy, gloo.status) == ("gloo-floor", "ok") and gloo.seconds > 0
     assert (ps.strategy, ps.status, ps.reason) == ("ps-floor", "failed", reason)
     assert ps.seconds is None and ps.path == gloo.path

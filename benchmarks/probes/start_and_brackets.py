@@ -19,7 +19,7 @@ from hetbench.cluster.joined import wait_for_workers  # noqa: E402
 from hetbench.cluster.multinode import cluster_for_run  # noqa: E402
 from hetbench.cluster.ray_connection import ray_kept_for_the_run  # noqa: E402
 from hetbench.config import load_config  # noqa: E402
-from hetbench.runner import open_ray  # noqa: E402
+from hetbench.race import open_ray  # noqa: E402
 from hetbench.standalone import measure_alone_and_together, measure_standalone  # noqa: E402
 
 
