@@ -127,7 +127,8 @@ def test_what_if_predicts_other_links_and_batches_from_this_runs_measurements():
         "962 (0.32x)",
         "559 (0.19x)",
     ]
-    assert "ray-train [auto] -1%" in text  # its own link and batch: 3,459 predicted against 3,500 measured
+    # its own link and batch, by the model (no plan in this record): 3,459 predicted against 3,500 measured
+    assert checked_rows(text)["ray-train [auto]"] == ["3,459", "model", "3,500", "-1%", "-", "-"]
     assert text.startswith("What if (predictions from this run's measurements, not measured)")
     assert whatif(typed([SINGLE, ALLREDUCE])) == ""  # no floor: nothing to predict from
 
@@ -153,18 +154,28 @@ def test_the_plans_check_says_which_worker_and_which_side_of_the_step_it_missed_
     for record in (planned, at_row, unsplit, older_unsplit):
         record["workers"] = [{**w, "compute_s": s} for w, s in zip(record["workers"], (0.050, 0.072))]
     text = whatif(typed([SINGLE, floor, older, planned, at_row, unsplit, older_unsplit]))
+    said = " ".join(text.split())  # the notes under the table, however wrapped
     # the line each prediction ran through: each worker's step alone at the start at 256 and at 128
-    assert (
-        "through its steps alone at the start (the global batch's/the equal share's, ms: desk 80/40, mac 250/120)"
-        in text
-    )
+    assert "Their steps alone at the start, the global batch's/the equal share's, ms: desk 80/40, mac 250/120." in said
+    rows = checked_rows(text)  # one prediction a row, which one said, and where the step went
     # +25% over measured: 60 ms of compute against 72, and 4 ms of the rest against 8; the mac's share missed
-    assert "dask-sync [auto] +25% (60/72; rest 4/8)" in text
-    assert "torch-ddp [auto] +25% or -5% at the row's speeds (desk 55/50, mac 60/72; rest 4/8)" in text
-    assert "ray-train [auto] +25% or -5% at the start's speeds (desk 55/50, mac 60/72; rest 4/8)" in text
-    assert "ray-ps-async [auto] -5% (desk 55/50, mac 60/72)," in text  # no synchronous step: no rest
-    # an asynchronous row from before each worker's compute was kept: no compute, no brackets
-    assert "ray-ps-async [equal] -5%," not in text and "ray-ps-async [equal] -5%." in text
+    assert rows["dask-sync [auto]"] == ["4,000", "plan", "3,200", "+25%", "60/72", "4/8"]
+    assert rows["torch-ddp [auto]"][3:] == ["+25%", "desk 55/50, mac 60/72", "4/8"]
+    assert rows["ray-train [auto]"][3:] == ["+25%", "desk 55/50, mac 60/72", "4/8"]
+    assert rows["ray-ps-async [auto]"][3:] == ["-5%", "desk 55/50, mac 60/72", "-"]  # no synchronous step: no rest
+    # an asynchronous row from before each worker's compute was kept: no compute, no rest
+    assert rows["ray-ps-async [equal]"][3:] == ["-5%", "-", "-"]
+    # the same plan at the other speeds kept: around the row, or (older records) at the start
+    assert "The same plan with each worker at the row's speeds: torch-ddp [auto] -5%." in said
+    assert "The same plan with each worker at the start's speeds: ray-train [auto] -5%." in said
+    assert all(len(line) <= 400 for line in text.splitlines())  # a table and short lines, no wall of prose
+
+
+def checked_rows(text: str) -> dict[str, list[str]]:
+    """The what-if's table of each row against its prediction: row label -> its other cells."""
+    table = text.split("Each row against a prediction of it")[1]
+    lines = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| row ")]
+    return {cells[0]: cells[1:] for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines)}
 
 
 def test_what_if_predicts_each_row_at_its_own_split():

@@ -4,6 +4,8 @@ the floor itself). Predictions, printed as such beside the measured rows; never 
 
 from __future__ import annotations
 
+import textwrap
+
 from tabulate import tabulate
 
 from hetbench.config import LINK_PROFILES
@@ -45,74 +47,64 @@ def predicted(record: RowRecord, floor: FloorRecord, batch: int, rate: float | N
     return samples_per_s(batch, compute, transfers, allreduce, own)
 
 
-def model_error(records: list[RowRecord], floor: FloorRecord) -> str:
-    """The model checked against what it can be: each measured row, predicted at its own batch
-    and link, against its measured samples/s."""
-    checks = []
+def checked(records: list[RowRecord], floor: FloorRecord) -> str:
+    """Each measured row against one prediction of it, in a table: the plan's at the run's start
+    where it made one (before any row: each strategy at its floor), else the what-if model's (at its
+    own link and batch, with its own overhead as measured here); the error, and where the step went,
+    predicted/measured ms (each worker's compute, or a synchronous row's slowest, and the rest of a
+    synchronous step: the link, the strategy's own overhead). Then what the plan ran through."""
+    body = []
     for r in records:
         batch = r.config.batch_size
-        guess = predicted(r, floor, batch, None) if batch and r.samples_per_s else None
-        if guess:
-            checks.append(f"{label(r)} {_error(guess, r.samples_per_s)}")
-    said = (
-        f"The model on this run's own link and batch, predicted against measured: {', '.join(checks)}."
-        if checks
-        else ""
-    )
-    checked = [(r, _where(r)) for r in records if r.plan]
-    if checked:  # the same arithmetic before any row ran: each strategy at its floor, nothing of its own measured
-        timed = "this run's timings before any row"
-        if any(r.plan.at_row for r, _ in checked):
-            timed = "this run's timings, each worker's at its speed alone around the row"
-        slower = []
-        for way, lockstep in (("in lockstep", True), ("at their own pace", False)):
-            rows = [r for r, _ in checked if r.plan.sharing and r.plan.lockstep == lockstep]
-            if rows:
-                slower.append(f"{way}: " + ", ".join(f"{n} {f:.2f}x" for n, f in rows[0].plan.sharing.items()))
-        if slower:
-            timed += f" and as much slower as beside the others at the start ({'; '.join(slower)})"
-        if started := next((r.plan.timed_alone_s for r, _ in checked if r.plan.timed_alone_s), None):
-            steps = ", ".join(f"{n} {'/'.join(f'{s * 1e3:,.0f}' for s in each)}" for n, each in started.items())
-            timed += f", through its steps alone at the start (the global batch's/the equal share's, ms: {steps})"
-        said += f" The plan, from {timed}, against measured"
-        if any(where for _, where in checked):
-            said += (
-                " (in brackets, predicted/measured ms: each worker's compute, or a synchronous row's"
-                " slowest, and the rest of a synchronous step)"
-            )
-        planned = [
-            f"{label(r)} {_error(r.plan.samples_per_s, r.samples_per_s)}{_other_speeds(r)}{where}"
-            for r, where in checked
-        ]
-        said += f": {', '.join(planned)}."
-    return said.strip()
+        guess, by = (r.plan.samples_per_s, "plan") if r.plan else (predicted(r, floor, batch, None), "model")
+        if not guess or not r.samples_per_s:
+            continue
+        compute, rest = _where(r)
+        body.append([label(r), f"{guess:,.0f}", by, f"{r.samples_per_s:,.0f}", _error(guess, r.samples_per_s)])
+        body[-1] += [compute or "-", rest or "-"]
+    if not body:
+        return ""
+    headers = ["row", "predicted samples/s", "by", "measured", "error", "compute ms (predicted/measured)", "rest ms"]
+    table = tabulate(body, headers=headers, tablefmt="github", disable_numparse=True)
+    return f"Each row against a prediction of it (samples/s):\n\n{table}\n\n{_plan_notes(records)}".strip()
 
 
-def _other_speeds(record: RowRecord) -> str:
-    """The row's error at the other speeds kept: at each worker's speed around the row, beside the
-    start's ("" where none was kept); in records whose check was the row's, at the start's."""
-    plan = record.plan
-    if plan.at_row_samples_per_s:
-        return f" or {_error(plan.at_row_samples_per_s, record.samples_per_s)} at the row's speeds"
-    if plan.at_start_samples_per_s:
-        return f" or {_error(plan.at_start_samples_per_s, record.samples_per_s)} at the start's speeds"
-    return ""
+def _plan_notes(records: list[RowRecord]) -> str:
+    """What `plan` in the table ran through, and each row's error at other speeds, in short lines."""
+    planned = [r for r in records if r.plan and r.samples_per_s]
+    if not planned:
+        return "model: each worker's speed alone, the floor, and the row's own overhead as measured here."
+    timed = "before any row"
+    if any(r.plan.at_row for r in planned):
+        timed = "with each worker at its speed alone around the row"
+    lines = [f"plan: predicted from this run's timings {timed}, each strategy at its floor."]
+    for way, lockstep in (("in lockstep", True), ("at their own pace", False)):
+        if rows := [r for r in planned if r.plan.sharing and r.plan.lockstep == lockstep]:
+            each = ", ".join(f"{n} {f:.2f}x" for n, f in rows[0].plan.sharing.items())
+            lines.append(f"Its workers as much slower as beside the others at the start, {way}: {each}.")
+    if started := next((r.plan.timed_alone_s for r in planned if r.plan.timed_alone_s), None):
+        each = ", ".join(f"{n} {'/'.join(f'{s * 1e3:,.0f}' for s in steps)}" for n, steps in started.items())
+        lines.append(f"Their steps alone at the start, the global batch's/the equal share's, ms: {each}.")
+    for speeds, kept in (("the row's", "at_row_samples_per_s"), ("the start's", "at_start_samples_per_s")):
+        if each := [f"{label(r)} {_error(v, r.samples_per_s)}" for r in planned if (v := getattr(r.plan, kept))]:
+            lines.append(f"The same plan with each worker at {speeds} speeds: {', '.join(each)}.")
+    return "\n".join(textwrap.fill(line, 100, break_on_hyphens=False) for line in lines)
 
 
-def _where(record: RowRecord) -> str:
-    """Where a row's step went, predicted/measured: each worker's compute (the slowest's alone in
+def _where(record: RowRecord) -> tuple[str, str]:
+    """Where a row's step went, predicted/measured ms: each worker's compute (the slowest's alone in
     records from before each was kept) and, for a synchronous row, the rest of its step (the link,
-    a strategy's own overhead): which worker, and which side, the plan missed on."""
+    a strategy's own overhead): which worker, and which side, the plan missed on. ("", ""): not known."""
     plan, step, batch = record.plan, record.step, record.config.batch_size
     if not plan:
-        return ""
+        return "", ""
     measured = {w.name: w.compute_s for w in record.workers}
     each = [f"{n} {p * 1e3:.0f}/{measured[n] * 1e3:.0f}" for n, p in plan.worker_compute_s.items() if measured.get(n)]
     if not (plan.compute_s and step and step.compute_s and step.total_s and batch):
-        return f" ({', '.join(each)})" if each else ""
+        return ", ".join(each), ""
     each = each or [f"{plan.compute_s * 1e3:.0f}/{step.compute_s * 1e3:.0f}"]
     rest = (batch / plan.samples_per_s - plan.compute_s, step.total_s - step.compute_s)
-    return f" ({', '.join(each)}; rest {rest[0] * 1e3:.0f}/{rest[1] * 1e3:.0f})"
+    return ", ".join(each), f"{rest[0] * 1e3:.0f}/{rest[1] * 1e3:.0f}"
 
 
 def whatif(records: list[Record]) -> str:
@@ -136,14 +128,16 @@ def whatif(records: list[Record]) -> str:
     if len(body) == len(BATCH_FACTORS):
         return ""
     table = tabulate(body, headers=["predicted samples/s", "batch", *LINKS], tablefmt="github", disable_numparse=True)
-    return (
+    said = (
         "What if (predictions from this run's measurements, not measured): the batch split as each row "
         "split it, at the workers' speeds alone, each strategy's transfers of the model at the floor's "
         "all-reduce time on that link "
         f"(its fixed part plus the {megabytes(floor.bytes)} at the link's rate), and its own overhead "
         "beyond the floor as measured here. The single row stays as measured (per-sample cost taken as "
-        f"constant). {model_error(rows, floor)}\n\n" + table
+        "constant)."
     )
+    check = checked(rows, floor)
+    return textwrap.fill(said, 100, break_on_hyphens=False) + "\n\n" + table + (f"\n\n{check}" if check else "")
 
 
 def against(base: list[Record], linked: list[Record]) -> str:
