@@ -57,9 +57,13 @@ class RowRun:
         saved = out.checkpoints.load(scenario.key) if out.checkpoints else None
         if row.record:
             row.finished = row.record.status != "ok" or len(row.record.repeat_samples_per_s) >= cfg.run.repeats
+        if row.finished:
+            log.info("%s: recorded before the run was interrupted, not run again", scenario.label)
         if row.finished or not saved:
             return row
         row.repeats, row.resume = [from_saved(r) for r in saved["done"]], saved["progress"]
+        if row.repeats:
+            log.info("%s: going on from repeat %d", scenario.label, len(row.repeats) + 1)
         if saved.get("under_way", True):  # the interrupt cut its repeat short (else its next pass had not begun)
             row.notes["resumed_at"] = {"repeat": len(row.repeats), "step": row.resume["next_step"] if row.resume else 0}
         if kept := row.record:  # what its record holds of the passes that trained those repeats
