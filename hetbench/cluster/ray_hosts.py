@@ -1,7 +1,7 @@
 """A run's Ray worker processes, kept from row to row.
 
 A fresh Ray actor is a fresh Python process that imports torch and loads the data: 4.4-6.4 s of a
-row's startup here (docs/notebook/performance-2026-11.md), paid again by every row. Within a run (the connection is
+row's startup here (docs/design.md: Ray strategies), paid again by every row. Within a run (the connection is
 `kept`) each row's role runs instead in a `Host` an earlier row started on the same node, as Dask's
 actors run in its kept worker processes: a fresh role object each row, a fresh model each repeat.
 """
