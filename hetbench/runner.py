@@ -66,8 +66,8 @@ def run(cfg: Config, resumed: RecordFile | None = None, standalone: dict | None 
                         continue
                     if reason := run_pass(row, r, n, race, brackets, standalone, evaluate, out):
                         failed.append(reason)
-            if line := alone(out.records).strip():
-                log.info(line)
+            if table := alone(out.records).strip():
+                log.info(table)
             if cfg.floor.enabled and not planning and not record_of(out.records, Scenario(FLOOR_NAME, None)):
                 for record in run_floors(reference_first(on, standalone)[0], env, workload.parameters):
                     out.add(record)  # measured from the reference's node

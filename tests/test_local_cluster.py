@@ -96,8 +96,10 @@ def test_workers_run_on_their_labelled_nodes_balanced_by_measured_speed_and_noth
     assert standalone["mac"] == pytest.approx(statistics.median(timings["mac"]["before"] + timings["mac"]["after"]))
     assert by_scenario[("dask-sync", "equal")]["standalone_timings"]["mac"]["before"] == timings["mac"]["after"]
     md = (tmp_path / "quick.md").read_text()
-    line = "alone, samples/s (each worker timed just before and after each row it judges, in run order): desk "
-    assert line in md and line in result.stderr  # the same line
+    title = "Each worker alone, samples/s (timed just before and after each row it judges, in run order):\n\n"
+    table = md.split(title)[1].split("\n\n")[0]
+    assert [c.strip() for c in table.split("\n")[0].split("|")[1:-1]] == ["timed", "desk", "mac"]
+    assert table in result.stderr  # the same table
     assert "| ray-ps" in md and "auto" in md and "(slowed 3x)" in md and "![quick-throughput]" in md
     for plot in ("throughput", "step", "accuracy"):
         assert (tmp_path / f"quick-{plot}.png").read_bytes()[:4] == b"\x89PNG"

@@ -105,7 +105,7 @@ def test_machines_that_add_no_speed_are_told_so():
     slow = row("ray-ps", 1000.0, LINK["step"])
     for w in slow["workers"]:
         w["standalone_samples_per_s"] = 1000.0
-    assert "add no speed" in what_would_change_it(slow, {**SINGLE, "samples_per_s": 2000.0}, FLOOR)
+    assert "add no speed" in what_would_change_it(slow, {**SINGLE, "samples_per_s": 2000.0}, FLOOR)[0]
     assert why_it_loses({"strategy": "ray-ps", "step": {}}, FLOOR) == "no step timings in its record"
 
 
@@ -455,11 +455,12 @@ def test_a_workload_whose_dropout_is_not_keyed_is_not_paired_by_seed_and_says_so
 def test_what_would_change_it_speaks_of_the_workload_its_bytes_and_each_devices_compute():
     facts = {**PLAIN_DROPOUT, "name": "shapes-resnet", "parameters": 308_650, "exact": True, "inexact": None}
     floor = {**FLOOR, "bytes": 308_650 * 4}
-    said = what_would_change_it({**LINK, "workload": facts}, SINGLE, floor)
+    said, *on_this_link = what_would_change_it({**LINK, "workload": facts}, SINGLE, floor)
     assert said.startswith(
         "shapes-resnet moves 1.2 MB a step and computes a sample in desk (cuda) 0.33 ms, mac (mps) 1.00 ms alone: "
     )
     assert said.endswith("or at this batch a link whose all-reduce of its 1.2 MB takes under 21 ms")
+    assert on_this_link == []  # a 10 ms floor: this link pays already at this batch
 
 
 def test_what_would_change_it_names_the_sync_interval_and_the_byte_cut_that_pay_on_this_link():
@@ -468,14 +469,15 @@ def test_what_would_change_it_names_the_sync_interval_and_the_byte_cut_that_pay_
     row = {**LINK, "workload": facts}
     floor = {**FLOOR, "allreduce_s": 0.110, "bytes": 1_234_600, "link": {"rate": "100mbit"}}  # 98.8 ms of bytes
     said = what_would_change_it(row, SINGLE, floor)
-    assert said.endswith(
-        "takes under 21 ms; on this link and batch, one all-reduce every 6 steps (ray-localsgd's sync_every), "
-        "or 9.8x fewer bytes (a bfloat16 wire halves them)"
-    )
+    assert said[0].endswith("takes under 21 ms") and said[1:] == [
+        "one all-reduce every 6 steps (ray-localsgd's sync_every), or 9.8x fewer bytes (a bfloat16 wire halves them)"
+    ]
     latency = {**floor, "allreduce_s": 0.130, "link": {"rate": "1gbit"}}  # 9.9 ms of bytes, 120 ms fixed
-    assert what_would_change_it(row, SINGLE, latency).endswith(
+    assert what_would_change_it(row, SINGLE, latency)[1:] == [
         "one all-reduce every 7 steps (ray-localsgd's sync_every); no fewer bytes would do: this link's fixed "
         "120 ms alone is more"
-    )
+    ]
     unemulated = {**floor, "link": None}  # no rate to split the floor by: the interval alone
-    assert what_would_change_it(row, SINGLE, unemulated).endswith("every 6 steps (ray-localsgd's sync_every)")
+    assert what_would_change_it(row, SINGLE, unemulated)[1:] == [
+        "one all-reduce every 6 steps (ray-localsgd's sync_every)"
+    ]

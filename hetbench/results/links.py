@@ -211,7 +211,9 @@ def what_ran(runs: list[list[Record]]) -> str:
 
 def links_markdown(runs: list[list[Record]]) -> str:
     verdicts = "\n".join(f"- **{column(run)}**: {verdict(run)[0]}" for run in runs if verdict(run))
-    sources = "\n".join(f"- **{column(run)}**: {line}" for run in runs if (line := provenance(run)))
+    sources = "\n".join(
+        f"- **{column(run)}**: " + line.replace("\n", "\n  ") for run in runs if (line := provenance(run))
+    )
     wires = wire(runs)
     return "\n\n".join(
         part

@@ -9,6 +9,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from importlib import metadata
 from pathlib import Path
@@ -67,25 +68,30 @@ def provenance(records: list[Record]) -> str:
     code = f"commit {env.git_commit[:7]}" if env.git_commit else f"code {str(env.code_hash)[:8]}"
     if env.git_dirty:
         code += " with uncommitted changes"
-    command = f" with `hetbench {' '.join(env.argv[1:])}`" if env.argv else ""
+    command = f" with\n`hetbench {' '.join(env.argv[1:])}`" if env.argv else ""
     when = str(env.time or "")[:10]
-    return (
-        f"Measured at {code}{command} on {env.host}, {when} ({env.usable_cores} usable cores; "
-        f"torch {env.version('torch')}, ray {env.version('ray')}).{trained(records)}{devices(records)}"
-    )
+    versions = f"torch {env.version('torch')}, ray {env.version('ray')}"
+    measured = f"Measured at {code} on {env.host}, {when} ({env.usable_cores} usable cores; {versions}){command}."
+    # one paragraph in Markdown, in lines a reader can follow: the command whole on its own line
+    lines = [measured, _wrapped(trained(records)), _wrapped(devices(records))]
+    return "\n".join(filter(None, lines))
+
+
+def _wrapped(sentence: str) -> str:
+    return textwrap.fill(sentence, width=110, break_long_words=False, break_on_hyphens=False)
 
 
 def devices(records: list[Record]) -> str:
-    """ " Devices: ..." of the rows' workers; where all were CPUs, that a GPU desk differs: its step
+    """ "Devices: ..." of the rows' workers; where all were CPUs, that a GPU desk differs: its step
     computes far faster, so the same link costs it a larger share (the answer may not carry over)."""
     kinds = sorted({str(w.device).split(":")[0] for r in records for w in getattr(r, "workers", ()) if w.device})
     if kinds == ["cpu"]:
-        return " Devices: CPUs only; on a GPU desk a step computes far faster and the link weighs more."
-    return f" Devices: {', '.join(kinds)}." if kinds else ""
+        return "Devices: CPUs only; on a GPU desk a step computes far faster and the link weighs more."
+    return f"Devices: {', '.join(kinds)}." if kinds else ""
 
 
 def trained(records: list[Record]) -> str:
-    """ " Workload: NAME (N parameters, M MB a step)." where the records name it (those from before
+    """ "Workload: NAME (N parameters, M MB a step)." where the records name it (those from before
     the workload seam trained the MNIST CNN and say nothing); one with its own optimizer names it
     (the run's `optimizer` and `lr` do not apply), its scheduler, and the precision where not fp32; an
     inexact one says why."""
@@ -107,7 +113,7 @@ def trained(records: list[Record]) -> str:
     precision = next((r.config.precision for r in records if r.config.precision != "fp32"), None)
     if precision:
         own += f", in {precision}" + (" autocast" if precision in AUTOCAST else "")
-    return f" Workload: {facts.name} ({size}{own}{inexact})."
+    return f"Workload: {facts.name} ({size}{own}{inexact})."
 
 
 def environment() -> dict:

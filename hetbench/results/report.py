@@ -14,7 +14,7 @@ from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import PS_FLOOR_NAME as PS_FLOOR
 from hetbench.results.columns import Column, Row, columns, headed_for
 from hetbench.results.plots import label, write_plots
-from hetbench.results.record import AloneTimings, FloorRecord, Record, RowRecord, measured_floor
+from hetbench.results.record import FloorRecord, Record, RowRecord, measured_floor
 from hetbench.results.records import atomic_write, hand_to_owner, provenance
 from hetbench.results.verdict import measured, verdict
 from hetbench.results.whatif import whatif
@@ -144,33 +144,29 @@ def _sourced(records: list[Record]) -> str:
 
 
 def alone(records: list[Record]) -> str:
-    """The scaling reference's own figures: each worker's timings alone, in run order, just before and
-    after each row they judge (a timing between two rows serves both); records from before the
-    brackets were timed at the start and the end of the run."""
-    around = [r.standalone_timings for r in records if isinstance(r, RowRecord) and r.standalone_timings]
+    """The scaling reference's own figures, a table: each worker's timings alone, in run order, just
+    before and after each row they judge (a timing between two rows serves both, shown once);
+    records from before the brackets were timed at the start and the end of the run."""
+    around = [(label(r), r.standalone_timings) for r in records if isinstance(r, RowRecord) and r.standalone_timings]
     if not around:
         return ""
-    if next(iter(around[0].values())).whole_run:
-        return (
-            "alone, samples/s (each timing; start of the run -> end): "
-            + "; ".join(f"{name} {_each(t.before)} -> {_each(t.after)}" for name, t in around[0].items())
-            + "\n\n"
-        )
-    return (
-        "alone, samples/s (each worker timed just before and after each row it judges, in run order): "
-        + "; ".join(f"{name} {' -> '.join(_each(rates) for rates in _in_order(around, name))}" for name in around[0])
-        + "\n\n"
-    )
-
-
-def _in_order(around: list[dict[str, AloneTimings]], name: str) -> list[list[float]]:
-    """`name`'s timings around the rows, each once: a row's before is the last row's after when none ran between."""
-    timings: list[list[float]] = []
-    for bracket in around:
-        if not timings or bracket[name].before != timings[-1]:
-            timings.append(bracket[name].before)
-        timings.append(bracket[name].after)
-    return timings
+    names = list(around[0][1])
+    moments: list[tuple[str, dict[str, list[float]]]] = []  # (when, each worker's timing then)
+    if next(iter(around[0][1].values())).whole_run:
+        title = "Each worker alone, samples/s (each timing; at the start of the run and at its end):"
+        timings = around[0][1]
+        moments = [("the run's start", {n: t.before for n, t in timings.items()})]
+        moments.append(("the run's end", {n: t.after for n, t in timings.items()}))
+    else:
+        title = "Each worker alone, samples/s (timed just before and after each row it judges, in run order):"
+        for row, timings in around:
+            before = {n: t.before for n, t in timings.items()}
+            if not moments or moments[-1][1] != before:
+                moments.append((f"before {row}", before))
+            moments.append((f"after {row}", {n: t.after for n, t in timings.items()}))
+    body = [[when, *(_each(rates.get(n, [])) for n in names)] for when, rates in moments]
+    table = tabulate(body, headers=["timed", *names], tablefmt="github", disable_numparse=True)
+    return f"{title}\n\n{table}\n\n"
 
 
 def _each(rates: list[float]) -> str:

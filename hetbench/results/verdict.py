@@ -114,7 +114,8 @@ def verdict(records: list[Record]) -> list[str]:
             answer = f"no strategy {beats} here (best samples/s: {label(fastest.record)}, {fastest.ratio:.2f}x)"
         lines = [f"Verdict: keep to {alone} alone ({base_figures}): {answer}{_drifted(chosen and chosen.record)}."]
         if change := what_would_change_it(fastest.record, base, floor):
-            lines.append(f"  What would change it: {change}.")
+            lines.append(f"  What would change it: {change[0]}.")
+            lines += [f"  On this link and batch: {each}." for each in change[1:]]
     for c in compared:
         if c is chosen:
             continue
@@ -203,15 +204,16 @@ def why_it_loses(record: RowRecord, floor: FloorRecord | None) -> str:
     return f"overhead: {ms:.0f} ms a step beyond compute and the link's share, of {total * 1000:.0f} ms"
 
 
-def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | None) -> str | None:
+def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | None) -> list[str]:
     """From the measured speeds alone and the floor: the global batch from which an all-reduce over
-    this link pays, and the all-reduce time at which it pays at this batch."""
+    this link pays, and the all-reduce time at which it pays at this batch; then, where this link is
+    too slow at this batch, what would pay on it (one sentence each)."""
     speeds = [w.standalone_samples_per_s for w in best.workers]
     if not floor or not all(speeds):
-        return None
+        return []
     together, one = sum(speeds), base.samples_per_s
     if together <= one * 1.001:
-        return "nothing on this link or batch: the other machines add no speed even with a free link"
+        return ["nothing on this link or batch: the other machines add no speed even with a free link"]
     allreduce = floor.seconds
     batch = best.config.batch_size or base.split[0]
     pays_at = batch_that_pays(allreduce, one, together)
@@ -220,22 +222,19 @@ def what_would_change_it(best: RowRecord, base: RowRecord, floor: FloorRecord | 
     compute = ", ".join(
         f"{w.name} ({w.device or '?'}) {1000 / s:.2f} ms" for w, s in zip(best.workers, speeds, strict=True)
     )
-    return (
+    larger = (
         f"{best.workload_name} moves {size} a step and computes a sample in {compute} alone: with one all-reduce "
         f"a step (the {allreduce * 1000:.0f} ms floor of this link), a global batch above {pays_at:,.0f} "
         f"(now {batch}), or at this batch a link whose all-reduce of its {size} takes under {needed * 1000:.0f} ms"
-        f"{_fewer_bytes(allreduce, needed, floor.fixed_s)}"
     )
+    return [larger] + ([on_this_link(allreduce, needed, floor.fixed_s)] if allreduce > needed else [])
 
 
-def _fewer_bytes(allreduce: float, needed: float, fixed: float | None) -> str:
-    """On this link and batch: every how many steps an all-reduce pays (its time over the compute the
-    other machines save), and how many times fewer bytes would (the floor's time beyond its fixed part,
-    known where the link was emulated)."""
-    if allreduce <= needed:
-        return ""
-    every = smallest_sync_every(allreduce, needed)
-    said = f"; on this link and batch, one all-reduce every {every} steps (ray-localsgd's sync_every)"
+def on_this_link(allreduce: float, needed: float, fixed: float | None) -> str:
+    """On a link too slow at this batch: every how many steps an all-reduce pays (its time over the
+    compute the other machines save), and how many times fewer bytes would (the floor's time beyond
+    its fixed part, known where the link was emulated)."""
+    said = f"one all-reduce every {smallest_sync_every(allreduce, needed)} steps (ray-localsgd's sync_every)"
     if fixed is None:
         return said
     if needed <= fixed:
