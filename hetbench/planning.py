@@ -163,9 +163,9 @@ def planned_rows(cfg: Config, planning: tuple, floors: list[FloorRecord], record
     before the race would have said. A bracketed row is also predicted with each worker's timings
     rescaled to its speed alone around the row (`at_row_samples_per_s`): on a shared box a worker's
     speed alone moves between rows, but the rescaling, by the brackets' timing of the global batch
-    over the start's, moved the prediction further off than the hour did in two races of three
-    (shapes-local at 3450b2b: -25..-13% at the row's speeds, -5..+7% at the start's; hetero-local at
-    c78365f: 0..+38% and -5..+30%)."""
+    over the start's, moved the prediction further off than the machine did in two races of three
+    (shapes-local: -25..-13% at the row's speeds, -5..+7% at the start's; hetero-local: 0..+38% and
+    -5..+30%)."""
     measured = measured_by(cfg, planning, floors, floors[0].bytes or 0)
     names = [a.name for a in measured.alone]  # the configured workers, in order
     for record in records:

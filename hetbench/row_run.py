@@ -168,10 +168,9 @@ def run_pass(row: RowRun, r: int, n: int, race: Race, brackets: Brackets, standa
     repeats = row.cfg.run.repeats
     judged = brackets.before(row.scenario.strategy != registry.BASELINE)  # its workers timed alone first
     try:
-        # a judged row's scaling is against its brackets, computed once they are timed
-        alone_speeds = None if judged else standalone
         label = f"[{n}/{race.rows}] {row.scenario.label}"  # the progress line's
-        record = run_repeat(row, r, evaluate, alone_speeds, out.checkpoints, race.cluster, label)
+        # a judged row's scaling is against its brackets, computed once they are timed
+        record = run_repeat(row, r, evaluate, None if judged else standalone, out.checkpoints, race.cluster, label)
     except UserError:  # bad input fails every row alike: one sentence, exit 2
         raise
     except Exception as e:  # noqa: BLE001 (whatever a row raises, it is one failed row)

@@ -46,11 +46,11 @@ class Scenario:
         return {"balance": cfg.run.balance[0], "split": [w.batch for w in cfg.workers]}
 
 
-def balanced(cfg: Config, balance: str, measured: dict[str, float] | None = None) -> Config:
+def balanced(cfg: Config, balance: str, standalone: dict[str, float] | None = None) -> Config:
     """The config of one balance scenario: every worker's batch set, the global batch unchanged.
 
     equal: as validated (the configured batches, else an equal split); proportional: by each
-    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`measured`), which
+    worker's `speed` (default 1 / slowdown); auto: by samples/s measured alone (`standalone`), which
     the runner corrects at the end of warm-up (training.Schedule.resplits).
     """
     out = replace(cfg, run=replace(cfg.run, balance=(balance,)))
@@ -59,7 +59,7 @@ def balanced(cfg: Config, balance: str, measured: dict[str, float] | None = None
     if balance == "proportional":
         speeds = [w.speed or 1.0 / w.slowdown for w in cfg.workers]
     else:
-        speeds = [measured[w.name] for w in cfg.workers]
+        speeds = [standalone[w.name] for w in cfg.workers]
     batches = split_batch(cfg.run.batch_size, speeds)
     return out.with_workers(replace(w, batch=b) for w, b in zip(cfg.workers, batches))
 
