@@ -1,7 +1,7 @@
 """Is hetbench's `single` as fast as pytorch/examples' own loop? Three loops, one process state, ABBA rounds.
 
     python benchmarks/baseline_overhead.py [--batch 64] [--steps 100] [--rounds 7] [--device auto]
-                                           [--target 1.03] [--report-only]
+                                           [--target 1.03] [--report-only] [--counts-only]
 
 - examples: pytorch/examples mnist/main.py's train loop as that example writes it: its Net with
   nn.Dropout, optimizer.zero_grad(), backward, step, on device-resident batches in a seeded order;
@@ -10,14 +10,17 @@
 - single: hetbench's baseline strategy, its placed process started once and kept for every round
   (so Ray is up for all three loops), reset each round; its steps as the rows read them.
 
-Before the rounds, one step of each is counted in this process: kernels (torch.profiler's leaf aten
-ops that compute, the kernels a GPU launches) and device syncs (hetbench.devices.synchronize).
+First one warm step of each is counted in this process: kernels (torch.profiler's leaf aten ops
+that compute, the kernels a GPU launches) and device syncs (hetbench.devices.synchronize). Exits 1
+when the keyed loop runs more than 10 kernels beyond the example's, `single` more than 5 beyond the
+keyed loop, or `single` syncs more than once a step: counts, the same on every run, so always
+judged (--counts-only stops there: CI's check on CPU).
 
-The figure is the median over rounds of each round's single / examples (the two ran next to each
-other, so what drifts over a run, a shared box's load or a fanless machine's clock, cancels). Exits
-1 when it is above --target, or when those ratios' CV is 5% or more (the figure cannot tell then:
-more --steps); --report-only prints the same and exits 0 (gpu-check's CPU mode in CI, where a shared
-2-core runner's noise is not a GPU's overhead).
+The timed figure is the median over rounds of each round's single / examples (the two ran next to
+each other, so what drifts over a run, a shared box's load or a fanless machine's clock, cancels).
+Exits 1 when it is above --target, or when those ratios' CV is 5% or more (the figure cannot tell
+then: more --steps); --report-only prints the figure without judging it (gpu-check's CPU mode in
+CI, where a shared 2-core runner's noise is not a GPU's overhead).
 """
 
 from __future__ import annotations
@@ -39,9 +42,12 @@ from hetbench.devices import configure_threads, keep_freed_memory, resolve_devic
 from hetbench.results.records import environment
 from hetbench.strategies.base import BatchOrder
 from hetbench.strategies.single import OneDevice, Single
-from hetbench.workload import dropout_keys, keyed, load_workload
+from hetbench.workload import keyed, load_workload
 
 WARMUP = 5  # steps of each round left untimed
+KEYED_BEYOND_EXAMPLES = 10  # kernels a step the keyed loop may run beyond the example's (its hash)
+SINGLE_BEYOND_KEYED = 5  # kernels a step single may run beyond the keyed loop (its uint8 batch made float)
+SINGLE_SYNCS = 1  # device syncs a step: its stopwatch read at the step's end
 RESOLVED_CV = 0.05  # the round ratios' spread under which their median is a figure
 # aten ops that only describe memory (views, shapes, allocation): no kernel runs for them
 NO_KERNEL = {
@@ -77,7 +83,7 @@ class Loop:
         self.cnn = load_workload(cfg.run)  # the built-in mnist-cnn
         self.model = (self.cnn.build_model(cfg.run.seed) if keyed else ExamplesNet()).to(device)
         self.optimizer = self.cnn.build_optimizer(self.model.parameters(), cfg.run)
-        self.images, self.labels, self.batch, self.keyed, self.seed = images, labels, batch, keyed, cfg.run.seed
+        self.images, self.labels, self.batch, self.keyed = images, labels, batch, keyed
         self.order = BatchOrder(len(labels), batch, cfg.run.seed, device)
         self.model.train()
 
@@ -85,7 +91,7 @@ class Loop:
         index = self.order(n)
         self.optimizer.zero_grad()
         images = self.images[index]
-        with keyed(self.model, dropout_keys(self.seed, n, index) if self.keyed else None):
+        with keyed(self.model, self.order.keys(n) if self.keyed else None):
             output = self.model(images)
         self.cnn.loss(output, self.labels[index]).backward()
         self.optimizer.step()
@@ -144,15 +150,31 @@ def count_steps(make_loop, cfg) -> dict[str, tuple[int, int, Counter]]:
     }
 
 
-def main() -> int:
+def count_failures(counts: dict[str, tuple[int, int, Counter]]) -> list[str]:
+    """What the counted step does beyond its budget, a sentence each; none: within every one."""
+    (examples, _, _), (keyed, _, _), (single, syncs, _) = (counts[n] for n in ("examples", "keyed", "single"))
+    failures = []
+    if keyed - examples > KEYED_BEYOND_EXAMPLES:
+        failures.append(
+            f"the keyed loop runs {keyed - examples} kernels beyond the example's ({KEYED_BEYOND_EXAMPLES} allowed)"
+        )
+    if single - keyed > SINGLE_BEYOND_KEYED:
+        failures.append(f"single runs {single - keyed} kernels beyond the keyed loop ({SINGLE_BEYOND_KEYED} allowed)")
+    if syncs > SINGLE_SYNCS:
+        failures.append(f"single syncs its device {syncs} times a step ({SINGLE_SYNCS} allowed)")
+    return failures
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=64, help="samples per step (default 64)")
     ap.add_argument("--steps", type=int, default=100, help=f"steps per round, the first {WARMUP} warm-up (100)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating rounds of the loops (7)")
     ap.add_argument("--device", default="auto", help="auto, cpu, mps, cuda[:N] (auto)")
     ap.add_argument("--target", type=float, default=1.03, help="single / examples at most this (1.03)")
-    ap.add_argument("--report-only", action="store_true", help="print the figures, exit 0 whatever they are")
-    args = ap.parse_args()
+    ap.add_argument("--report-only", action="store_true", help="print the timed figure without judging it")
+    ap.add_argument("--counts-only", action="store_true", help="count kernels and syncs, judge them, time nothing")
+    args = ap.parse_args(argv)
     if args.steps <= WARMUP or args.rounds < 1 or args.batch < 1:
         print(f"baseline_overhead: --steps must exceed {WARMUP}, --rounds and --batch be positive", file=sys.stderr)
         return 2
@@ -170,6 +192,17 @@ def main() -> int:
         return Loop(images, labels, args.batch, device, cfg, keyed)
 
     counts = count_steps(make_loop, cfg)
+    each = ", ".join(f"{name} {kernels}" for name, (kernels, _, _) in counts.items())
+    print(f"kernels a step (device {device}, batch {args.batch}): {each}")
+    extra = counts["single"][2] - counts["examples"][2]
+    print(
+        "kernels single runs beyond the examples loop: " + (", ".join(f"{k} x{n}" for k, n in extra.items()) or "none")
+    )
+    too_many = count_failures(counts)
+    for failure in too_many:
+        print(f"ABOVE: {failure}")
+    if args.counts_only:
+        return 1 if too_many else 0
     single = Single(cfg.job())
     try:
         single.start()  # once: its process and Ray stay up through every round of every loop
@@ -194,10 +227,6 @@ def main() -> int:
         m = median(values)
         kernels, syncs, _ = counts[name]
         print(f"{name:<10}{m * 1000:>10.3f}{cv(values):>8.1%}{args.batch / m:>12.1f}{kernels:>9}{syncs:>7}")
-    extra = counts["single"][2] - counts["examples"][2]
-    print(
-        "kernels single runs beyond the examples loop: " + (", ".join(f"{k} x{n}" for k, n in extra.items()) or "none")
-    )
     ratios = {name: [a / b for a, b in zip(measured[name], measured["examples"])] for name in ("single", "keyed")}
     ratio, spread = median(ratios["single"]), cv(ratios["single"])
     verdict = "within" if ratio <= args.target else "ABOVE"
@@ -208,7 +237,7 @@ def main() -> int:
     if spread >= RESOLVED_CV:
         print(f"unresolved: the round ratios' CV is {RESOLVED_CV:.0%} or more; run more --steps")
     failed = ratio > args.target or spread >= RESOLVED_CV
-    return 0 if args.report_only or not failed else 1
+    return 1 if too_many or (failed and not args.report_only) else 0
 
 
 if __name__ == "__main__":

@@ -77,16 +77,22 @@ def _int32(value: int) -> int:
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 (C. Wellons' integer hash), a bijection of int32; the masks make the shifts logical."""
     x = x ^ ((x >> 16) & 0xFFFF)
-    x = x * _int32(0x7FEB352D)
+    x = x * _int32(0x2C1B3C6D)
     x = x ^ ((x >> 15) & 0x1FFFF)
     x = x * _int32(0x846CA68B)
     return x ^ ((x >> 16) & 0xFFFF)
 
 
-def dropout_keys(seed: int, step: int, indices: torch.Tensor) -> torch.Tensor:
-    """Each sample's dropout key in global batch `step`: from (seed, step, the sample's index) alone."""
-    run = _mix(_mix(torch.tensor(_int32(seed), dtype=torch.int32)) + _int32(step))
-    return _mix(indices.to(torch.int32) ^ int(run))
+def dropout_keys(seed: int, step: int | torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """Each sample's dropout key in global batch `step` (or, a tensor, each sample's own step): from
+    (seed, step, the sample's index) alone, on the indices' device (no host read)."""
+    seeded = _mix(torch.tensor(_int32(seed), dtype=torch.int32, device=indices.device))
+    steps = torch.as_tensor(step, device=indices.device).to(torch.int32)
+    return _mix(indices.to(torch.int32) ^ _mix(seeded + steps))
+
+
+# any odd multiplier mixes alike (tests/test_workload.py): which one only moves a seeded run's trajectory
+GOLDEN, LAYER, MIX = _int32(0x9E3779B1), _int32(0x632BE5AB), _int32(0x2C1B3C6D)
 
 
 class KeyedDropout(nn.Module):
@@ -97,22 +103,37 @@ class KeyedDropout(nn.Module):
     and all: runs on the same seed follow one trajectory unless their arithmetic differs. The keys
     are set for one forward by `keyed`; `layer` (numbered in model order by `build_model` when not
     given) keeps two layers' masks apart.
+
+    A step's draw is six kernels where nn.Dropout's is three: a unit's own hash is made once per
+    shape and device, a sample's key once per epoch (BatchOrder.keys), and what is left a step is
+    one xor of the two and one multiply, whose high bits depend on every bit of both; the keep rate,
+    and independence across samples, units, layers and steps, are tested (tests/test_workload.py).
     """
 
     def __init__(self, p: float, layer: int | None = None) -> None:
         super().__init__()
         self.p, self.layer = p, layer
         self.keys: torch.Tensor | None = None
+        self.units: dict[tuple, torch.Tensor] = {}  # (units a sample, device) -> each unit's hash
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.p == 0:
             return x
         if self.keys is None:
             raise ValueError("a training step with dropout needs its samples' keys (workload.keyed)")
-        units = torch.arange(x[0].numel(), dtype=torch.int32, device=x.device) * _int32(0x9E3779B1)
-        drawn = _mix(self.keys.to(x.device)[:, None] ^ (units + _int32(self.layer * 0x632BE5AB)))
-        keep = (drawn & 0xFFFFFF) >= round(self.p * (1 << 24))  # 24 uniform bits against the rate
-        return x * (keep.view_as(x).to(x.dtype) / (1 - self.p))
+        if self.p >= 1:
+            return x * 0.0  # every unit dropped, as nn.Dropout's p=1 does
+        drawn = (self.keys.to(x.device)[:, None] ^ self.hashed_units(x)) * MIX
+        keep = drawn >= round(self.p * (1 << 32)) - (1 << 31)  # a signed int32 at or above: 1 - p of them
+        return x * keep.to(x.dtype).mul_(1 / (1 - self.p)).view_as(x)
+
+    def hashed_units(self, x: torch.Tensor) -> torch.Tensor:
+        """Each unit of a sample of `x`, hashed with this layer's number: made once per shape and device."""
+        shape = (x[0].numel(), x.device)
+        if shape not in self.units:
+            numbered = torch.arange(shape[0], dtype=torch.int32, device=x.device) * GOLDEN
+            self.units[shape] = _mix(numbered + _int32((self.layer or 0) * LAYER))
+        return self.units[shape]
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ from hetbench.errors import RunFailed
 from hetbench.floor import FLOOR_NAME
 from hetbench.gradients import batch_shares
 from hetbench.step_timing import StepTiming
+from hetbench.workload import dropout_keys
 
 log = logging.getLogger(__name__)
 
@@ -172,30 +173,40 @@ class Strategy(ABC):
 
 
 class BatchOrder:
-    """The sample indices of global batch `step`: epochs of seeded permutations, read in order.
+    """The sample indices of global batch `step`, and their dropout keys: epochs of seeded
+    permutations, read in order.
 
     Every process computes the same indices from (seed, step) alone, so no indices travel. Each
-    epoch's permutation is drawn once, on the CPU so that every device agrees, and kept on `device`:
-    a step only slices it (no per-step permutation of the whole set, no per-step copy of indices)."""
+    epoch's permutation is drawn once, on the CPU so that every device agrees, and kept on `device`
+    with each position's key (workload.dropout_keys of its step and index): a step only slices
+    them (no per-step permutation of the whole set, no per-step hashing)."""
 
     def __init__(self, n: int, global_batch: int, seed: int, device: torch.device | str = "cpu") -> None:
         self.n, self.global_batch, self.seed, self.device = n, global_batch, seed, device
-        self.epochs: dict[int, torch.Tensor] = {}
+        self.epochs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # epoch -> (its order, their keys)
 
-    def epoch(self, epoch: int) -> torch.Tensor:
+    def epoch(self, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         if epoch not in self.epochs:
-            self.epochs = {e: order for e, order in self.epochs.items() if e == epoch - 1}  # a batch spans two at most
+            self.epochs = {e: kept for e, kept in self.epochs.items() if e == epoch - 1}  # a batch spans two at most
             seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
-            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(seed))
-            self.epochs[epoch] = order.to(self.device)
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(seed)).to(self.device)
+            steps = (torch.arange(self.n, device=self.device) + epoch * self.n) // self.global_batch
+            self.epochs[epoch] = order, dropout_keys(self.seed, steps, order)
         return self.epochs[epoch]
 
     def __call__(self, step: int) -> torch.Tensor:
+        return self._sliced(step, 0)
+
+    def keys(self, step: int) -> torch.Tensor:
+        """The dropout keys of global batch `step`'s samples, in the order __call__ gives them."""
+        return self._sliced(step, 1)
+
+    def _sliced(self, step: int, which: int) -> torch.Tensor:
         start, end = step * self.global_batch, (step + 1) * self.global_batch
         parts = []
         for epoch in range(start // self.n, (end - 1) // self.n + 1):
             lo, hi = max(start - epoch * self.n, 0), min(end - epoch * self.n, self.n)
-            parts.append(self.epoch(epoch)[lo:hi])
+            parts.append(self.epoch(epoch)[which][lo:hi])
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 

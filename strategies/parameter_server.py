@@ -41,7 +41,7 @@ class ParameterServer:
     wire: str  # what the weights travel in
     flat: FlatModel
     optimizer: ScheduledOptimizer
-    chunks: dict[int, list[torch.Tensor]]  # each parameter's offset -> the optimizer's chunks of it
+    by_offset: dict[int, torch.Tensor]  # each parameter's offset in the buffers -> the parameter, to step it alone
 
     def share_with(self, job: Job, slots: int) -> tuple[str, int] | None:
         """Shared memory for `slots` workers on this host: the file's path and the weights' size, or None."""
@@ -64,9 +64,8 @@ class ParameterServer:
         # the master weights live where the workers on this host read them: publishing them is free
         workload = load_workload(job.run, announce=False)
         self.flat = FlatModel(workload.build_model(seed), self.shared and self.shared.weights)
-        chunks = self.flat.optimizer_params()
-        self.optimizer = workload.build_optimizer(chunks, job.run)
-        self.chunks = self.flat.chunks_of(chunks)  # each parameter's offset -> its chunks, to step it alone
+        self.optimizer = workload.build_optimizer(self.flat.optimizer_params(), job.run)
+        self.by_offset = {offset: p for p, offset, _ in self.flat.spans}
         return to_wire(self.flat.params, self.wire)
 
     def state(self) -> dict:
@@ -107,9 +106,9 @@ class ParameterServer:
                 last_in, end = max(last_in, came_in), offset + sizes[offset]
                 parts = [g[offset:end] if isinstance(g, torch.Tensor) else from_wire(g[offset:end]) for g in grads]
                 weighted_sum(parts, shares, out=self.flat.grads[offset:end])
-                undo.keep(self.chunks[offset])
+                undo.keep([self.by_offset[offset]])
                 stepping = time.perf_counter()
-                step_only(self.optimizer.optimizer, self.chunks[offset])
+                step_only(self.optimizer.optimizer, [self.by_offset[offset]])
                 stepped.append((stepping, time.perf_counter() - stepping))
                 publish(offset, end - offset)
         except BaseException:

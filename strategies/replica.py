@@ -26,7 +26,7 @@ from hetbench.gradients import FlatModel, from_wire, to_wire
 from hetbench.optimizer import ScheduledOptimizer
 from hetbench.strategies.base import BatchOrder, worker_slice
 from hetbench.transport.host_memory import HostBuffers
-from hetbench.workload import LoadedWorkload, dropout_keys, load_workload
+from hetbench.workload import LoadedWorkload, load_workload
 
 
 def ramp_of(spec: WorkerConfig) -> tuple[float, float, float] | None:
@@ -207,7 +207,8 @@ class Replica:
         """My slice of global batch `step`: inputs (prepared from my stored copy), labels and dropout
         keys, gathered on my device."""
         index = worker_slice(self.order(step), self.batches, self.rank)
-        return self.workload.prepare(self.inputs[index]), self.labels[index], dropout_keys(self.seed, step, index)
+        keys = worker_slice(self.order.keys(step), self.batches, self.rank)
+        return self.workload.prepare(self.inputs[index]), self.labels[index], keys
 
     def local_step(self, step: int) -> None:
         """(1) my slice of global batch `step` gathered, forward+backward into my flat gradient, on my

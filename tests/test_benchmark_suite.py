@@ -1,11 +1,14 @@
 """The pytest-benchmark suite, short mode, for real: its JSON carries the figures and `compare` reads it."""
 
 import json
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import run_child
 
@@ -96,6 +99,50 @@ def test_the_overhead_check_counts_each_loops_kernels_and_syncs_per_step(monkeyp
     assert keyed_ops["aten::bitwise_xor"] > 0 and keyed > examples  # the keyed hash costs kernels
     assert single >= keyed and syncs == 1  # its stopwatch read at the step's end
     assert single_ops["aten::convolution_backward"] == example_ops["aten::convolution_backward"] == 2
+
+
+def test_the_overhead_check_fails_on_one_kernel_planted_past_singles_budget(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import baseline_overhead as overhead
+
+    from hetbench.strategies.single import OneDevice
+
+    for setting in ("use_ray_defaults", "configure_threads", "keep_freed_memory"):  # this process's, kept
+        monkeypatch.setattr(overhead, setting, lambda *args: None)
+    check = ["--device", "cpu", "--batch", "8", "--counts-only"]
+    assert overhead.main(check) == 0  # CI's check, as it runs
+    counted = re.search(r"keyed (\d+), single (\d+)", capsys.readouterr().out)
+    room = overhead.SINGLE_BEYOND_KEYED - (int(counted[2]) - int(counted[1]))  # kernels single may add
+    step = OneDevice.train_step
+
+    def planted(kernels):
+        ones = torch.ones(1)  # made here: only the adds below run in the step
+
+        def train_step(self, n):
+            for _ in range(kernels):
+                ones.add_(1)
+            return step(self, n)
+
+        return train_step
+
+    monkeypatch.setattr(OneDevice, "train_step", planted(room))
+    assert overhead.main(check) == 0 and "ABOVE" not in capsys.readouterr().out  # up to the budget
+    monkeypatch.setattr(OneDevice, "train_step", planted(room + 1))
+    assert overhead.main(check) == 1  # one past it
+    said = capsys.readouterr().out
+    assert f"ABOVE: single runs {overhead.SINGLE_BEYOND_KEYED + 1} kernels beyond the keyed loop (5 allowed)" in said
+
+
+def test_the_overhead_checks_budgets_are_the_keyed_hash_singles_batch_and_one_sync(monkeypatch):
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from baseline_overhead import count_failures
+
+    none = Counter()
+    assert count_failures({"examples": (131, 0, none), "keyed": (141, 0, none), "single": (146, 1, none)}) == []
+    assert count_failures({"examples": (131, 0, none), "keyed": (142, 0, none), "single": (146, 2, none)}) == [
+        "the keyed loop runs 11 kernels beyond the example's (10 allowed)",
+        "single syncs its device 2 times a step (1 allowed)",
+    ]
 
 
 @pytest.mark.slow

@@ -3,7 +3,8 @@ import torch
 
 from helpers import build_model
 from hetbench.gradients import count_parameters
-from hetbench.workload import dropout_keys, keyed
+from hetbench.strategies.base import BatchOrder
+from hetbench.workload import KeyedDropout, dropout_keys, keyed
 from hetbench.workloads.mnist_cnn import Net
 
 
@@ -66,6 +67,31 @@ def test_keyed_masks_drop_the_rate_independently_per_sample_and_unit():
     assert abs(agree - (0.75**2 + 0.25**2)) < 0.002
     with keyed(layer, keys[:2]):
         assert torch.equal(layer(torch.ones(2, 9216)).unique(), torch.tensor([0.0, 1 / 0.75]))
+
+
+def test_keyed_masks_are_independent_across_units_layers_and_steps():
+    """Each agreement between two masks is as two fair coins of the keep rate agree (p^2 + q^2), to
+    within 4.7M draws' noise: neighbouring units of a sample, the same units in another layer, the
+    same samples at another step (the worst of 8)."""
+    net = Net(dropout=0.25).train()
+    first, second = net.dropout1, KeyedDropout(0.25, layer=net.dropout1.layer + 1).train()
+    ones, coins = torch.ones(512, 9216), 0.75**2 + 0.25**2
+
+    def kept(layer, step):
+        with keyed(layer, dropout_keys(0, step, torch.arange(512))):
+            return layer(ones) != 0
+
+    mask = kept(first, 0)
+    assert abs((mask[:, :-1] == mask[:, 1:]).float().mean().item() - coins) < 0.002  # units
+    assert abs((mask == kept(second, 0)).float().mean().item() - coins) < 0.002  # layers
+    steps = [(mask == kept(first, step)).float().mean().item() for step in range(1, 9)]
+    assert max(abs(agree - coins) for agree in steps) < 0.002
+
+
+def test_a_batch_orders_keys_are_dropout_keys_of_its_steps_and_indices_across_epochs():
+    order = BatchOrder(10, 4, seed=3)  # batch 2 takes the last 2 of epoch 0 and the first 2 of epoch 1
+    for step in range(6):
+        assert torch.equal(order.keys(step), dropout_keys(3, step, order(step)))
 
 
 def test_training_with_dropout_needs_keys_and_evaluation_ignores_them():
