@@ -175,6 +175,14 @@ class RunConfig:
         0.02,
         "as accuracy_tolerance, for such a workload: a row may end this fraction above the best machine alone's loss",
     )
+    target_metric: float = setting(
+        0.0,
+        "time-to-target for a workload with a metric of its own (Workload.metric): the figure to train to (needs one)",
+    )
+    metric_tolerance: float = setting(
+        0.005,
+        "as accuracy_tolerance, for such a metric: how much worse a row may end (a fraction, where lower is better)",
+    )
     workload: str = setting(
         "mnist-cnn",
         "what to train: mnist-cnn | shapes-resnet | a module:function returning a hetbench.workload.Workload "
@@ -650,7 +658,7 @@ def validate(cfg: Config) -> Config:
         raise UserError(f"config key 'loss_scale' must be positive, got {run.loss_scale}")
     if run.lr <= 0 or not 0 < run.target_accuracy <= 1:
         raise UserError("config keys 'lr' must be positive and 'target_accuracy' in (0, 1]")
-    for key in ("accuracy_tolerance", "loss_tolerance"):
+    for key in ("accuracy_tolerance", "loss_tolerance", "metric_tolerance"):
         if not 0 <= getattr(run, key) < 1:
             raise UserError(f"config key '{key}' must be in [0, 1), got {getattr(run, key)}")
     if run.target_loss < 0:

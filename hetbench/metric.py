@@ -1,7 +1,8 @@
-"""What a trained model is judged by on its workload's test set, and which way is better: accuracy
-where the labels are class indices, else the workload's own loss, its mean over the test set (lower
-is better). The run's target, the verdict's tolerance and every table, plot and sentence that names
-the figure go through the workload's Metric."""
+"""What a trained model is judged by on its workload's test set, and which way is better: the
+workload's own metric where it brings one (Workload.metric), else accuracy where the labels are
+class indices, else the workload's own loss, its mean over the test set (lower is better). Each is
+a sum over the test batches and a count (Score); the run's target, the verdict's tolerance and every
+table, plot and sentence that names the figure go through the workload's Metric."""
 
 from __future__ import annotations
 
@@ -18,16 +19,17 @@ EVAL_BATCH = 64  # the driver's evaluation batch: a batch's activations stay in 
 
 @dataclass(frozen=True)
 class Metric:
-    name: str  # "accuracy" | "loss": what a record keeps (WorkloadFacts.metric)
+    name: str  # "accuracy" | "loss" | a workload's own metric's name: what a record keeps (WorkloadFacts.metric)
     label: str  # as sentences and plots name it
     column: str  # as tables head it
     higher_is_better: bool
     target_key: str  # the run setting it is trained to (time to target)
     tolerance_key: str  # the run setting of how much worse than the best machine alone a row may end
 
-    def measure(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: Callable) -> float:
-        """The model's figure on these test samples, in eval mode, EVAL_BATCH at a time."""
-        return _measured(model, inputs, labels, loss if self.name == "loss" else None)
+    def measure(self, model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, score: Score) -> float:
+        """The model's figure on these test samples, in eval mode, EVAL_BATCH at a time: the sums
+        `score` gives each batch over their counts (LoadedWorkload.score)."""
+        return _measured(model, inputs, labels, score)
 
     def reached(self, value: float, target: float) -> bool:
         return value >= target if self.higher_is_better else value <= target
@@ -47,20 +49,22 @@ class Metric:
 
     def worse(self, shortfall: float) -> str:
         """A shortfall in words."""
-        if self.higher_is_better:
+        if self.name == "accuracy":
             return f"{shortfall * 100:.1f} points less accurate"
-        return f"{shortfall:.0%} higher in test loss"
+        if self.higher_is_better:
+            return f"{shortfall:.3g} lower in {self.label}"
+        return f"{shortfall:.0%} higher in {self.label}"
 
     def format(self, value: float) -> str:
-        return f"{value:.1%}" if self.higher_is_better else f"{value:.4g}"
+        return f"{value:.1%}" if self.name == "accuracy" else f"{value:.4g}"
 
     def at(self, target: float) -> str:
-        """A target in a sentence: '95% test accuracy', 'test loss 0.05'."""
-        return f"{target:.0%} test accuracy" if self.higher_is_better else self.short(target)
+        """A target in a sentence: '95% test accuracy', 'test loss 0.05', 'top-2 accuracy 0.9'."""
+        return f"{target:.0%} test accuracy" if self.name == "accuracy" else self.short(target)
 
     def short(self, target: float) -> str:
         """The same in few words: '95%', 'test loss 0.05'."""
-        return f"{target:.0%}" if self.higher_is_better else f"test loss {target:.3g}"
+        return f"{target:.0%}" if self.name == "accuracy" else f"{self.label} {target:.3g}"
 
     def target(self, settings) -> float | None:
         """The target in a run's settings (RunConfig, or a record's Settings)."""
@@ -74,6 +78,18 @@ ACCURACY = Metric("accuracy", "test accuracy", "test acc", True, "target_accurac
 LOSS = Metric("loss", "test loss", "test loss", False, "target_loss", "loss_tolerance")
 METRICS = {m.name: m for m in (ACCURACY, LOSS)}
 
+Score = Callable[[torch.Tensor, torch.Tensor], tuple[float, int]]  # (outputs, labels) -> (sum, count)
+
+
+def own(name: str, higher_is_better: bool) -> Metric:
+    """A workload's own metric (Workload.metric), named as the workload names it."""
+    return Metric(name, name, name, higher_is_better, "target_metric", "metric_tolerance")
+
+
+def named(name: str, higher_is_better: bool = True) -> Metric:
+    """The Metric a record names: accuracy, the test loss, or a workload's own."""
+    return METRICS.get(name) or own(name, higher_is_better)
+
 
 def for_labels(labels) -> Metric:
     """Accuracy for class indices (one integer a sample), the test loss for any other target."""
@@ -81,15 +97,30 @@ def for_labels(labels) -> Metric:
     return ACCURACY if integer and labels.ndim == 1 else LOSS
 
 
+def correct(outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+    """ACCURACY's score: the batch's samples whose highest class score is their label."""
+    return float((outputs.argmax(1) == labels).sum()), len(labels)
+
+
+def mean_of(loss: Callable) -> Score:
+    """LOSS's score, or a workload metric's that gives one number a batch: the batch's mean weighed
+    by its samples (preflight checks the mean is one)."""
+
+    def score(outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+        figure = loss(outputs, labels)
+        if isinstance(figure, tuple):  # a metric that cannot be averaged so: (sum, count)
+            return float(figure[0]), int(figure[1])
+        return float(figure) * len(labels), len(labels)
+
+    return score
+
+
 @torch.inference_mode()
-def _measured(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, loss: Callable | None) -> float:
+def _measured(model: nn.Module, inputs: torch.Tensor, labels: torch.Tensor, score: Score) -> float:
     model.eval()
-    total = 0.0
+    total, count = 0.0, 0
     for start in range(0, len(labels), EVAL_BATCH):
-        scores, truth = model(inputs[start : start + EVAL_BATCH]), labels[start : start + EVAL_BATCH]
-        if loss is None:
-            total += (scores.argmax(1) == truth).sum().item()
-        else:  # a batch's mean (preflight checks it is one), weighed by the batch's share
-            total += float(loss(scores, truth)) * len(truth)
+        summed, n = score(model(inputs[start : start + EVAL_BATCH]), labels[start : start + EVAL_BATCH])
+        total, count = total + summed, count + n
     model.train()
-    return total / max(1, len(labels))
+    return total / max(1, count)

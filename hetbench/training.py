@@ -106,7 +106,7 @@ class Evaluator:
         inputs, self.labels = test.tensors("cpu")
         self.inputs = workload.prepare(inputs)  # once: every evaluation reads them
         self.flat = FlatModel(workload.build_model(0))  # evaluated in eval mode: dropout plays no part
-        self.metric, self.loss = workload.metric, workload.loss
+        self.metric, self.score = workload.metric, workload.score
         self.quick = min(run.eval_samples, len(self.labels))
         self.final = min(run.test_samples or len(self.labels), len(self.labels))
         self.batch = run.batch_size
@@ -120,7 +120,7 @@ class Evaluator:
         if self.norm_inputs is not None:
             recompute_batch_norm(self.flat.model, self.norm_inputs, self.batch)
         n = self.final if full else self.quick
-        return self.metric.measure(self.flat.model, self.inputs[:n], self.labels[:n], self.loss)
+        return self.metric.measure(self.flat.model, self.inputs[:n], self.labels[:n], self.score)
 
 
 @dataclass(frozen=True)

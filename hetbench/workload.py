@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,7 +29,7 @@ from hetbench.data import Split, check_same_data
 from hetbench.devices import autocast, loss_scale_of
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
-from hetbench.metric import ACCURACY, LOSS, Metric, for_labels
+from hetbench.metric import ACCURACY, LOSS, METRICS, Metric, correct, for_labels, mean_of, own
 from hetbench.optimizer import RunSchedule, ScheduledOptimizer
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
@@ -63,6 +64,15 @@ class Workload:
     the stored set stays small on an 8 GB Mac); None: the batch as stored."""
     name: str = ""
     """What tables and verdicts call it; empty: its `module:function`."""
+    metric: Callable[[Any, torch.Tensor], float | tuple[float, int]] | None = None
+    """(the model's output for a test batch, its labels) -> the batch's figure (its mean over the
+    batch), or (its sum, its count) for a figure that a mean of means would not give: the test set's
+    figure is their sums over their counts. Rows are judged by it, to `target_metric`; None: accuracy
+    where the labels are class indices, else the test loss."""
+    metric_name: str = ""
+    """What tables and sentences call that metric (top-5 accuracy, perplexity); empty: its function's name."""
+    higher_is_better: bool = True
+    """Whether that metric improves upward (accuracy, F1) or downward (perplexity)."""
 
 
 # ---- keyed dropout -----------------------------------------------------------------------------
@@ -188,7 +198,8 @@ class WorkloadFacts:
     input_shape: list[int] | None = None  # one sample as the model takes it (after `prepare`)
     keyed_layers: int = 0  # its KeyedDropout layers (keyed_dropout's swaps among them)
     batch_norm_layers: int = 0  # their statistics are recomputed at each check (recompute_batch_norm)
-    metric: str = "accuracy"  # what rows are judged by (metric.METRICS): its test loss where labels are not classes
+    metric: str = "accuracy"  # what rows are judged by (metric.named): accuracy, the test loss, or its own
+    higher_is_better: bool = True  # its own metric's way (accuracy's and the loss's are known)
 
     @property
     def model_bytes(self) -> int:
@@ -224,12 +235,23 @@ class LoadedWorkload:
         shape = list(self.prepare(self.test_split().tensors("cpu")[0][:1]).shape[1:])
         optimizer, keyed = self.optimizer_name, self.keyed_layers
         facts = (self.parameters, self.code, self.exact, self.inexact, optimizer, self.scheduler_name, shape, keyed)
-        return WorkloadFacts(name, spec, *facts, self.batch_norm_layers, self.metric.name)
+        metric = self.metric
+        return WorkloadFacts(name, spec, *facts, self.batch_norm_layers, metric.name, metric.higher_is_better)
 
     @property
     def metric(self) -> Metric:
-        """Accuracy where the labels are class indices, else the test loss (preflight: both splits alike)."""
+        """Its own metric where it brings one, else accuracy where the labels are class indices, else
+        the test loss (preflight: both splits alike)."""
+        if self.workload.metric is not None:
+            name = self.workload.metric_name or getattr(self.workload.metric, "__name__", "metric")
+            return own(name, self.workload.higher_is_better)
         return for_labels(self.train_split().labels)
+
+    def score(self, outputs, labels: torch.Tensor) -> tuple[float, int]:
+        """A test batch's (sum, count) of the metric: Metric.measure adds them up over the test set."""
+        if self.workload.metric is not None:
+            return mean_of(self.workload.metric)(outputs, labels)
+        return correct(outputs, labels) if self.metric.name == "accuracy" else mean_of(self.loss)(outputs, labels)
 
     def fingerprint(self) -> dict:
         """What a worker reports of the workload it trains (check_same_workload compares them)."""
@@ -272,6 +294,13 @@ class LoadedWorkload:
             raise UserError(
                 f"workload {self.spec}: its labels are not class indices, so rows are judged by their test loss: "
                 f"set {metric.target_key}, the test loss to train to (e.g. --set {metric.target_key}=0.1)"
+            )
+        if self.workload.metric is not None and metric.name in METRICS:
+            raise UserError(f"workload {self.spec}: its metric's name '{metric.name}' is hetbench's own: name it apart")
+        if self.workload.metric is not None and not metric.target(run):  # no figure suits every metric
+            raise UserError(
+                f"workload {self.spec}: rows are judged by its metric, {metric.name}: set {metric.target_key}, "
+                f"the {metric.name} to train to (e.g. --set {metric.target_key}=0.9)"
             )
         n = min(len(train.labels), 8)
         if n < 2:
@@ -318,6 +347,7 @@ class LoadedWorkload:
                 cut = n // 3
                 parts = [self.loss(model(x), y) for x, y in ((inputs, labels), (inputs[:cut], labels[:cut]))]
                 parts.append(self.loss(model(inputs[cut:]), labels[cut:]))
+                scored = self.workload.metric and self.workload.metric(model(inputs), labels)
         except UserError:
             raise
         except Exception as e:  # the model or the loss cannot run on its own data
@@ -331,6 +361,11 @@ class LoadedWorkload:
                 f"workload {self.spec}: its loss is not a mean over the batch ({whole:.4g} for {n} samples, but "
                 f"{first:.4g} and {rest:.4g} for {cut} and {n - cut} of them), and the machines' gradients are "
                 "weighted by their share of the batch: use reduction='mean'"
+            )
+        if self.workload.metric is not None and not _a_figure(scored):
+            raise UserError(
+                f"workload {self.spec}: its metric returns {_described(scored)} for a test batch, not one number "
+                "(its mean over the batch) or (sum, count)"
             )
 
     def gradients_ready(self, run: RunConfig, batch: int = 32, steps: int = 4) -> tuple[tuple[float, int], ...]:
@@ -478,6 +513,19 @@ def _gathered(dataset: torch.utils.data.Dataset, spec: str) -> tuple[torch.Tenso
     if not batches or not all(isinstance(b, list | tuple) and len(b) == 2 for b in batches):
         raise UserError(f"workload {spec}: its Dataset must hold (input, label) pairs")
     return torch.cat([b[0] for b in batches]), torch.cat([torch.as_tensor(b[1]) for b in batches])
+
+
+def _a_figure(scored) -> bool:
+    """One number (a 0-d tensor too), or a (sum, count) pair of them."""
+    parts = scored if isinstance(scored, tuple) and len(scored) == 2 else (scored,)
+    return all(
+        isinstance(p, int | float) and not isinstance(p, bool) or isinstance(p, torch.Tensor) and p.numel() == 1
+        for p in parts
+    )
+
+
+def _described(value) -> str:
+    return f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
 
 
 def _why_inexact(model: nn.Module) -> str | None:

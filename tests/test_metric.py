@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hetbench.config import RunConfig
-from hetbench.metric import ACCURACY, EVAL_BATCH, LOSS, for_labels
+from hetbench.metric import ACCURACY, EVAL_BATCH, LOSS, correct, for_labels, mean_of
 from hetbench.results.rows import steps_to_target, target_bracket_s
 from hetbench.training import CurvePoint, Schedule
 
@@ -44,8 +44,8 @@ def test_the_test_loss_is_its_mean_over_every_sample_however_the_evaluation_batc
     with torch.no_grad():
         whole = float(F.mse_loss(model(inputs), targets))
         right = (model(inputs).argmax(1) == labels).sum().item() / n
-    assert LOSS.measure(model, inputs, targets, F.mse_loss) == pytest.approx(whole, rel=1e-6)
-    assert ACCURACY.measure(model, inputs, labels, F.cross_entropy) == pytest.approx(right)
+    assert LOSS.measure(model, inputs, targets, mean_of(F.mse_loss)) == pytest.approx(whole, rel=1e-6)
+    assert ACCURACY.measure(model, inputs, labels, correct) == pytest.approx(right)
     assert model.training  # put back as it was found
 
 

@@ -60,6 +60,7 @@ def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_pr
         ("tiny_workload:Counting", "workload tiny_workload:Counting: it returned a Counting, not a hetbench"),
         ("tiny_workload:regression", "workload tiny_workload:regression: its labels are not class indices, so rows"),
         ("tiny_workload:not_a_scheduler", "its scheduler returned a SGD, not a torch LRScheduler (scheduler: lambda"),
+        ("tiny_workload:top2_accuracy", "rows are judged by its metric, top-2 accuracy: set target_metric, the"),
     ],
 )
 def test_a_bad_workload_is_one_sentence_and_exit_2(cli, spec, says):
@@ -75,6 +76,51 @@ def test_float_targets_make_the_test_loss_the_metric_and_it_needs_a_target_loss(
     loaded.preflight(RunConfig(target_loss=0.5))
     with pytest.raises(UserError, match="set target_loss, the test loss to train to"):
         loaded.preflight(RunConfig())
+
+
+def test_a_metric_of_the_workloads_own_judges_it_and_must_give_a_number_for_the_batch():
+    loaded = load_workload(RunConfig(workload="tiny_workload:top2_accuracy"))
+    assert (loaded.metric.name, loaded.metric.higher_is_better) == ("top-2 accuracy", True)
+    assert (loaded.facts().metric, loaded.facts().higher_is_better) == ("top-2 accuracy", True)
+    loaded.preflight(RunConfig(target_metric=0.9))
+    # summed over the test batches and counted: a batch of 3 and one of 1, as the whole 4
+    outputs = torch.tensor([[3.0, 2, 1, 0], [0, 1, 2, 3], [1, 0, 3, 2], [0, 3, 2, 1]])
+    labels = torch.tensor([1, 0, 3, 2])
+    assert loaded.score(outputs[:3], labels[:3]) == (pytest.approx(2.0), 3)  # the first and the third
+    assert loaded.score(outputs[3:], labels[3:]) == (pytest.approx(1.0), 1)
+    wrong = load_workload(RunConfig(workload="tiny_workload:metric_of_a_tensor"))
+    with pytest.raises(UserError, match=r"its metric returns a tensor of shape \[8\] for a test batch, not one number"):
+        wrong.preflight(RunConfig(target_metric=0.9))
+
+
+def test_a_run_judged_by_a_metric_of_its_own_trains_to_it_and_names_it(cli, tmp_path, shared_cluster):
+    judged = ["workload=tiny_workload:top2_accuracy", "target_metric=0.7"]
+    single, ddp, table = single_and_ddp(cli, tmp_path, shared_cluster, *judged)
+    assert single["workload"]["metric"] == ddp["workload"]["metric"] == "top-2 accuracy"
+    curve = [(p["train_s"], p["accuracy"]) for p in single["accuracy_curve"]]
+    reached = next(seconds for seconds, top2 in curve if top2 >= 0.7)  # from below: the first check at or over it
+    assert single["time_to_target_s"] == reached and single["target_accuracy"] == 0.7
+    assert "| top-2 accuracy " in table and "| test acc" not in table
+    verdict = next(line for line in table.splitlines() if line.startswith("Verdict"))
+    assert "top-2 accuracy 0.7" in verdict, verdict
+
+
+def single_and_ddp(cli, tmp_path, shared_cluster, *settings: str) -> tuple[dict, dict, str]:
+    """`hetbench run` of single and torch-ddp, 16 steps, with `settings`: their records and the table."""
+    import json
+
+    from helpers import sets
+
+    settings = [*settings, "strategies=[single, torch-ddp]", "steps=16", "warmup_steps=1", "repeats=1"]
+    settings += ["eval_every=4", "fine_eval_every=0", "standalone_steps=2", "floor.enabled=false"]
+    result = cli(
+        "run", "-c", "benchmarks/configs/quick.yaml", *sets(*settings, *shared_cluster.overrides),
+        "--results-dir", str(tmp_path),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    (raw,) = (tmp_path / "raw").glob("*.json")
+    single, ddp = json.loads(raw.read_text())
+    return single, ddp, (tmp_path / "quick.md").read_text()
 
 
 def test_plain_dropout_is_inexact_with_its_reason_and_keyed_dropout_swaps_it():
@@ -167,23 +213,13 @@ def test_hetbench_run_trains_a_users_module_through_every_strategy_on_two_nodes(
 def test_a_run_of_float_targets_judges_rows_by_their_test_loss_in_records_tables_and_verdict(
     cli, tmp_path, shared_cluster
 ):
-    import json
-
-    from helpers import sets
-
-    settings = ["workload=tiny_workload:regression", "target_loss=0.5", "strategies=[single, torch-ddp]"]
-    settings += ["steps=16", "warmup_steps=1", "repeats=1", "eval_every=4", "fine_eval_every=0"]
-    settings += ["standalone_steps=2", "floor.enabled=false", *shared_cluster.overrides]
-    result = cli("run", "-c", "benchmarks/configs/quick.yaml", *sets(*settings), "--results-dir", str(tmp_path))
-    assert result.returncode == 0, result.stderr[-3000:]
-    (raw,) = (tmp_path / "raw").glob("*.json")
-    single, ddp = json.loads(raw.read_text())
+    judged = ["workload=tiny_workload:regression", "target_loss=0.5"]
+    single, ddp, table = single_and_ddp(cli, tmp_path, shared_cluster, *judged)
     assert (single["workload"]["metric"], ddp["workload"]["metric"]) == ("loss", "loss")
     curve = [(p["train_s"], p["accuracy"]) for p in single["accuracy_curve"]]
     assert curve[-1][1] < curve[0][1]  # the test loss falls
     reached = next(seconds for seconds, loss in curve if loss <= 0.5)  # from above: the first check at or under it
     assert single["time_to_target_s"] == reached and single["target_accuracy"] == 0.5
-    table = (tmp_path / "quick.md").read_text()
     assert "| test loss " in table and "| test acc" not in table and "test loss 0.5" in table.split("\n\n")[2]
     assert (tmp_path / "quick.csv").read_text().splitlines()[0].count(",test loss,") == 1
 

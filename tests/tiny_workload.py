@@ -111,3 +111,16 @@ def regression() -> Workload:  # float targets: judged by the test loss (set tar
         loss=F.mse_loss,
         name="tiny-regression",
     )
+
+
+def top2(outputs: torch.Tensor, labels: torch.Tensor) -> float:
+    """The batch's share of samples whose label is among their two highest scores."""
+    return (outputs.topk(2, dim=1).indices == labels[:, None]).any(1).float().mean().item()
+
+
+def top2_accuracy() -> Workload:  # judged by a metric of its own (set target_metric)
+    return replace(build(), metric=top2, metric_name="top-2 accuracy")
+
+
+def metric_of_a_tensor() -> Workload:  # a metric that returns each sample's figure, not the batch's
+    return replace(build(), metric=lambda outputs, labels: outputs.argmax(1) == labels, metric_name="per-sample")

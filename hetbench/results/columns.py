@@ -75,9 +75,10 @@ def _positive_ms(seconds):
 
 
 def _final_metric(row: Row):
-    """Accuracy as a float (written as a percentage); a test loss written as its metric writes it."""
+    """Accuracy as a float (written as a percentage); a test loss, or a workload's own metric, written
+    as its metric writes it."""
     r = row.ran
-    if r is None or r.final_accuracy is None or r.metric.higher_is_better:
+    if r is None or r.final_accuracy is None or r.metric.name == ACCURACY.name:
         return r and r.final_accuracy
     return r.metric.format(r.final_accuracy)
 

@@ -12,6 +12,7 @@ from tabulate import tabulate
 from hetbench.errors import UserError
 from hetbench.floor import FLOOR_NAME as FLOOR
 from hetbench.floor import FLOORS
+from hetbench.metric import ACCURACY
 from hetbench.results.plots import label, png
 from hetbench.results.record import FloorRecord, Record, RowRecord, Settings, bits_per_s
 from hetbench.results.records import atomic_write, atomic_write_bytes, hand_to_owner, provenance
@@ -110,7 +111,7 @@ def to_target(runs: list[list[Record]]) -> str:
     names = [n for n in _labels(runs) if n not in FLOORS]
     body = [[n, *[cell(_row(run, n)) for run in runs]] for n in names]
     rows = [r for run in runs for r in run if isinstance(r, RowRecord)]
-    final = "acc" if not rows or rows[0].metric.higher_is_better else rows[0].metric.label
+    final = "acc" if not rows or rows[0].metric.name == ACCURACY.name else rows[0].metric.label
     return tabulate(body, headers=[f"time to target (final {final})", *map(column, runs)], tablefmt="github")
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 from hetbench.clock import median
 from hetbench.config import RENAMED, SECTIONS
 from hetbench.floor import FLOOR_NAME, FLOORS
-from hetbench.metric import ACCURACY, METRICS, Metric
+from hetbench.metric import ACCURACY, Metric, named
 from hetbench.optimizer import RunSchedule
 from hetbench.training import CurvePoint
 from hetbench.workload import WorkloadFacts
@@ -45,6 +45,8 @@ class Settings:
     accuracy_tolerance: float | None = None  # None: a record from before the setting
     target_loss: float | None = None  # a workload judged by its test loss (metric.LOSS)
     loss_tolerance: float | None = None
+    target_metric: float | None = None  # a workload judged by a metric of its own (metric.own)
+    metric_tolerance: float | None = None
     wire_dtype: str = "float32"
     precision: str = "fp32"  # the workers' math: fp32 | tf32 | bf16, fp16 (autocast)
     lr_schedule: str = ""  # the config's learning-rate schedule in words (optimizer.RunSchedule); "": none
@@ -68,6 +70,8 @@ class Settings:
             accuracy_tolerance=config.get("accuracy_tolerance"),
             target_loss=config.get("target_loss"),
             loss_tolerance=config.get("loss_tolerance"),
+            target_metric=config.get("target_metric"),
+            metric_tolerance=config.get("metric_tolerance"),
             wire_dtype=config.get("wire_dtype") or "float32",
             precision=config.get("precision") or "fp32",
             lr_schedule=str(
@@ -264,7 +268,7 @@ class RowRecord:
     @property
     def metric(self) -> Metric:
         """What final_accuracy, the curve and the target measure (records from before: accuracy)."""
-        return METRICS[self.workload.metric] if self.workload else ACCURACY
+        return named(self.workload.metric, self.workload.higher_is_better) if self.workload else ACCURACY
 
     @property
     def workload_name(self) -> str:

@@ -19,6 +19,7 @@ from hetbench.devices import AUTOCAST, available_devices, describe, resolve_devi
 from hetbench.errors import UserError
 from hetbench.identity import code_hash
 from hetbench.inputs import load_json, read_text
+from hetbench.metric import METRICS
 from hetbench.results.record import Record, RecordError, from_json, megabytes, to_json
 
 SECRET_KEYS = ("token", "password", "secret")
@@ -110,6 +111,8 @@ def trained(records: list[Record]) -> str:
         own += f", the learning rate on {schedule}"
     if facts.batch_norm_layers:
         own += f", its {facts.batch_norm_layers} batch norm layers' statistics recomputed at each check"
+    if facts.metric not in METRICS:
+        own += f", judged by its own {facts.metric}"
     precision = next((r.config.precision for r in records if r.config.precision != "fp32"), None)
     if precision:
         own += f", in {precision}" + (" autocast" if precision in AUTOCAST else "")
