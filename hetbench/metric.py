@@ -97,9 +97,19 @@ def for_labels(labels) -> Metric:
     return ACCURACY if integer and labels.ndim == 1 else LOSS
 
 
-def correct(outputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, int]:
+def class_scores(outputs) -> torch.Tensor | None:
+    """Where a model's output holds its class scores, as accuracy reads them: the output itself, the
+    first element of a tuple, or `.logits` (Hugging Face's outputs); None: nowhere accuracy looks."""
+    if isinstance(outputs, tuple | list) and outputs:
+        outputs = outputs[0]
+    if not isinstance(outputs, torch.Tensor):
+        outputs = getattr(outputs, "logits", None)
+    return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+def correct(outputs, labels: torch.Tensor) -> tuple[float, int]:
     """ACCURACY's score: the batch's samples whose highest class score is their label."""
-    return float((outputs.argmax(1) == labels).sum()), len(labels)
+    return float((class_scores(outputs).argmax(1) == labels).sum()), len(labels)
 
 
 def mean_of(loss: Callable) -> Score:

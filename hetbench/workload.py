@@ -29,7 +29,7 @@ from hetbench.data import Split, check_same_data
 from hetbench.devices import autocast, loss_scale_of
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
-from hetbench.metric import ACCURACY, LOSS, METRICS, Metric, correct, for_labels, mean_of, own
+from hetbench.metric import ACCURACY, LOSS, METRICS, Metric, class_scores, correct, for_labels, mean_of, own
 from hetbench.optimizer import RunSchedule, ScheduledOptimizer
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
@@ -42,7 +42,9 @@ class Workload:
     model: Callable[[], nn.Module] | nn.Module
     """Makes a fresh model, run under the repeat's seed (every process starts from the same weights), or
     a model itself (every repeat starts from a copy of its weights). Its forward takes one batch of
-    prepared inputs and returns class scores [N, classes], or what its loss compares with the targets."""
+    prepared inputs and returns what its loss takes, as it is: a tensor, a tuple (logits, aux), an
+    object with .logits; accuracy reads class scores [N, classes] from the output, its first element
+    or its .logits (else give it a `metric`)."""
     train: Data | torch.utils.data.Dataset | Callable[[], Data | torch.utils.data.Dataset]
     """The training set: (inputs, labels), a Dataset of (input, label) pairs, or a function without
     arguments making either, called once per process: every machine makes its own, and the driver
@@ -320,14 +322,16 @@ class LoadedWorkload:
         }
         try:
             with keyed(model, dropout_keys(0, 0, torch.arange(n))):
-                scores = model(inputs)
-            classes = scores.shape[1] if scores.dim() == 2 else None
+                outputs = model(inputs)
+            scores = class_scores(outputs)
+            classes = scores.shape[1] if scores is not None and scores.dim() == 2 else None
             if metric is ACCURACY and (classes is None or int(labels.max()) >= classes):
                 raise UserError(
-                    f"workload {self.spec}: its model returns {list(scores.shape)} for a batch of {n}, not class "
-                    f"scores [{n}, classes] for labels up to {int(labels.max())}"
+                    f"workload {self.spec}: its model returns {_described(outputs)} for a batch of {n}, and accuracy "
+                    f"reads class scores [{n}, classes] for labels up to {int(labels.max())} (the output, its first "
+                    "element or its .logits): give the workload a metric of its own"
                 )
-            loss = self.loss(scores, labels)
+            loss = self.loss(outputs, labels)
             if loss.dim() != 0:
                 raise UserError(
                     f"workload {self.spec}: its loss returns {list(loss.shape)}, not one number for the batch "
@@ -525,7 +529,11 @@ def _a_figure(scored) -> bool:
 
 
 def _described(value) -> str:
-    return f"a tensor of shape {list(value.shape)}" if isinstance(value, torch.Tensor) else type(value).__name__
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {', '.join(_described(v) for v in value)}"
+    return f"a {type(value).__name__}"
 
 
 def _why_inexact(model: nn.Module) -> str | None:

@@ -28,6 +28,18 @@ def test_a_users_workload_takes_the_same_step_through_every_strategy(tmp_path, n
     check_first_update_is_the_union_batch_step(tmp_path, name, shared_cluster, "workload=tiny_workload:build")
 
 
+@pytest.mark.parametrize("name", registered(lambda cls: cls.distributed and cls.synchronous))
+def test_a_model_returning_logits_and_an_aux_loss_takes_the_same_step_through_every_strategy(
+    tmp_path, name, shared_cluster
+):
+    check_first_update_is_the_union_batch_step(tmp_path, name, shared_cluster, "workload=tiny_workload:with_aux")
+
+
+def test_a_model_returning_an_object_with_logits_takes_the_same_step_through_torch_ddp(tmp_path, shared_cluster):
+    logits = "workload=tiny_workload:with_logits"  # Hugging Face's way: an object whose .logits are the scores
+    check_first_update_is_the_union_batch_step(tmp_path, "torch-ddp", shared_cluster, logits)
+
+
 @pytest.mark.parametrize("name", registered(lambda cls: issubclass(cls, ParameterServerDriver) and cls.synchronous))
 def test_steps_started_ahead_train_exactly_as_steps_started_in_turn(tmp_path, name, shared_cluster):
     strategy = made(registry.load(name), small_config(tmp_path, UNEQUAL, "dropout=0", *shared_cluster.overrides))

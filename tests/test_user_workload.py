@@ -2,6 +2,8 @@
 hetbench cannot train it alike, marked inexact where its dropout is the process's own, and
 fingerprinted so the driver refuses a machine running another copy."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -61,6 +63,7 @@ def test_a_dict_with_a_module_and_a_dataset_is_a_workload_made_alike_in_every_pr
         ("tiny_workload:regression", "workload tiny_workload:regression: its labels are not class indices, so rows"),
         ("tiny_workload:not_a_scheduler", "its scheduler returned a SGD, not a torch LRScheduler (scheduler: lambda"),
         ("tiny_workload:top2_accuracy", "rows are judged by its metric, top-2 accuracy: set target_metric, the"),
+        ("tiny_workload:with_no_scores", "returns a tensor of shape [32] for a batch of 8, and accuracy reads class"),
     ],
 )
 def test_a_bad_workload_is_one_sentence_and_exit_2(cli, spec, says):
@@ -91,6 +94,19 @@ def test_a_metric_of_the_workloads_own_judges_it_and_must_give_a_number_for_the_
     wrong = load_workload(RunConfig(workload="tiny_workload:metric_of_a_tensor"))
     with pytest.raises(UserError, match=r"its metric returns a tensor of shape \[8\] for a test batch, not one number"):
         wrong.preflight(RunConfig(target_metric=0.9))
+
+
+def test_accuracy_reads_the_class_scores_of_a_tuple_or_of_logits_as_of_a_tensor():
+    from hetbench.gradients import FlatModel
+    from hetbench.training import Evaluator
+
+    run = RunConfig(workload="tiny_workload:build", eval_samples=600)
+    weights = FlatModel(load_workload(run).build_model(3)).params
+    plain = Evaluator(load_workload(run), run)(weights)
+    for spec in ("tiny_workload:with_aux", "tiny_workload:with_logits"):
+        loaded = load_workload(replace(run, workload=spec))
+        loaded.preflight(run)
+        assert Evaluator(loaded, run)(weights) == plain  # the same net within, the same weights
 
 
 def test_a_run_judged_by_a_metric_of_its_own_trains_to_it_and_names_it(cli, tmp_path, shared_cluster):

@@ -124,3 +124,39 @@ def top2_accuracy() -> Workload:  # judged by a metric of its own (set target_me
 
 def metric_of_a_tensor() -> Workload:  # a metric that returns each sample's figure, not the batch's
     return replace(build(), metric=lambda outputs, labels: outputs.argmax(1) == labels, metric_name="per-sample")
+
+
+class WithAux(nn.Module):
+    """The tiny MLP returning (logits, aux), as many models do: the loss takes both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = build().model()
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.net(x)
+        return logits, logits.pow(2).mean()
+
+
+def with_aux() -> Workload:  # accuracy reads the tuple's first element
+    return replace(build(), model=WithAux, loss=lambda out, labels: F.cross_entropy(out[0], labels) + 0.01 * out[1])
+
+
+class Scores:
+    """What a Hugging Face model returns, in small: an object whose .logits hold the class scores."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.logits = logits
+
+
+class WithLogits(WithAux):
+    def forward(self, x: torch.Tensor) -> Scores:
+        return Scores(self.net(x))
+
+
+def with_logits() -> Workload:  # accuracy reads .logits
+    return replace(build(), model=WithLogits, loss=lambda out, labels: F.cross_entropy(out.logits, labels))
+
+
+def with_no_scores() -> Workload:  # an output accuracy cannot read: it needs a metric
+    return replace(build(), model=lambda: nn.Sequential(build().model(), nn.Flatten(0)), loss=lambda out, y: out.mean())
