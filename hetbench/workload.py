@@ -89,7 +89,7 @@ def _int32(value: int) -> int:
 def _mix(x: torch.Tensor) -> torch.Tensor:
     """lowbias32 (C. Wellons' integer hash), a bijection of int32; the masks make the shifts logical."""
     x = x ^ ((x >> 16) & 0xFFFF)
-    x = x * _int32(0x2C1B3C6D)
+    x = x * _int32(0x7FEB352D)
     x = x ^ ((x >> 15) & 0x1FFFF)
     x = x * _int32(0x846CA68B)
     return x ^ ((x >> 16) & 0xFFFF)
