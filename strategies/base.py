@@ -190,7 +190,8 @@ class BatchOrder:
             self.epochs = {e: kept for e, kept in self.epochs.items() if e == epoch - 1}  # a batch spans two at most
             seed = int(np.random.SeedSequence([self.seed, epoch]).generate_state(1)[0])
             order = torch.randperm(self.n, generator=torch.Generator().manual_seed(seed)).to(self.device)
-            steps = (torch.arange(self.n, device=self.device) + epoch * self.n) // self.global_batch
+            # each position's step, counted on the CPU as the order is drawn (int64 division there)
+            steps = ((torch.arange(self.n) + epoch * self.n) // self.global_batch).to(self.device)
             self.epochs[epoch] = order, dropout_keys(self.seed, steps, order)
         return self.epochs[epoch]
 
