@@ -29,7 +29,7 @@ from hetbench.data import Split, check_same_data
 from hetbench.devices import autocast, loss_scale_of
 from hetbench.errors import UserError
 from hetbench.gradients import count_parameters
-from hetbench.metric import ACCURACY, LOSS, METRICS, Metric, class_scores, correct, for_labels, mean_of, own
+from hetbench.metric import ACCURACY, LOSS, METRICS, Metric, Score, class_scores, correct, for_labels, mean_of, own
 from hetbench.optimizer import RunSchedule, ScheduledOptimizer
 
 Data = Split | tuple  # (inputs, labels): tensors or arrays, one row per sample; labels class indices or targets
@@ -249,11 +249,13 @@ class LoadedWorkload:
             return own(name, self.workload.higher_is_better)
         return for_labels(self.train_split().labels)
 
-    def score(self, outputs, labels: torch.Tensor) -> tuple[float, int]:
-        """A test batch's (sum, count) of the metric: Metric.measure adds them up over the test set."""
+    @property
+    def score(self) -> Score:
+        """A test batch's (sum, count) of the metric, as a function chosen once: Metric.measure adds
+        them up over the test set."""
         if self.workload.metric is not None:
-            return mean_of(self.workload.metric)(outputs, labels)
-        return correct(outputs, labels) if self.metric.name == "accuracy" else mean_of(self.loss)(outputs, labels)
+            return mean_of(self.workload.metric)
+        return correct if self.metric.name == "accuracy" else mean_of(self.loss)
 
     def fingerprint(self) -> dict:
         """What a worker reports of the workload it trains (check_same_workload compares them)."""

@@ -241,8 +241,12 @@ class Replica:
     def compute_gradient(self, step: int) -> None:
         inputs, labels, keys = self.my_batch(step)
         self.samples = len(labels)
-        self.flat.zero_grad()
+        self.zero_grad()
         self.forward_backward(self.flat.model, inputs, labels, keys)
+
+    def zero_grad(self) -> None:
+        """The gradients summed afresh into the flat buffer, which this worker sends."""
+        self.flat.zero_grad()
 
     def forward_backward(self, model, inputs: torch.Tensor, labels: torch.Tensor, keys: torch.Tensor) -> None:
         """The workload's forward and backward in the run's precision (its loss scaled in fp16)."""

@@ -33,13 +33,10 @@ class OneDevice(Replica):
         super().reset(seed)
         self.optimizer = self.workload.build_optimizer(self.flat.optimizer_params(), self.job.run)
 
-    def compute_gradient(self, step: int) -> None:
-        """(1) as the example's loop: the gradients left to autograd (zero_grad sets them to None), not
-        summed into the flat buffer, which one device sends nowhere."""
-        inputs, labels, keys = self.my_batch(step)
-        self.samples = len(labels)
+    def zero_grad(self) -> None:
+        """As the example's loop: the gradients left to autograd (set to None), not summed into the
+        flat buffer, which one device sends nowhere."""
         self.optimizer.zero_grad()
-        self.forward_backward(self.flat.model, inputs, labels, keys)
 
     def train_step(self, step: int) -> float:
         """The step's seconds on my device: marked on its queue at both ends, read after one sync."""
